@@ -1,0 +1,90 @@
+"""Attention heads as factored bilinear forms.
+
+A head is stored as factors so that low-rank heads cost n^2 r, not n^2 d:
+
+    score  M = Q^T K        (Q, K: r x d)        s_ij = <Q x_i, K x_j>
+    value  V = O W          (O: d x rv, W: rv x d) f_i = O sum_j w_ij (W x_j)
+
+A full d x d matrix M is the factorisation Q = I, K = M (r = d); likewise V = I V.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def _as_matrix(name: str, a, rows: int | None, cols: int) -> np.ndarray:
+    m = np.asarray(a, dtype=np.float64)
+    if m.ndim != 2 or m.shape[1] != cols or (rows is not None and m.shape[0] != rows):
+        want = f"({rows if rows is not None else 'r'}, {cols})"
+        raise ValueError(f"{name} must have shape {want}, got {m.shape}")
+    if not np.all(np.isfinite(m)):
+        raise ValueError(f"{name} contains NaN or Inf")
+    return m
+
+
+@dataclass(frozen=True)
+class Head:
+    """One attention head: score factors (query, key) and value factors (value_out, value_in)."""
+
+    query: np.ndarray      # r x d
+    key: np.ndarray        # r x d
+    value_out: np.ndarray  # d x rv
+    value_in: np.ndarray   # rv x d
+
+    @property
+    def dim(self) -> int:
+        return self.query.shape[1]
+
+    @property
+    def score_rank(self) -> int:
+        return self.query.shape[0]
+
+    @property
+    def value_rank(self) -> int:
+        return self.value_in.shape[0]
+
+    @property
+    def score(self) -> np.ndarray:
+        """The d x d score matrix M = Q^T K."""
+        return self.query.T @ self.key
+
+    @property
+    def value(self) -> np.ndarray:
+        """The d x d value matrix V = O W."""
+        return self.value_out @ self.value_in
+
+    @classmethod
+    def from_matrices(cls, score, value=None) -> "Head":
+        """Head from full d x d matrices M and V (V defaults to M, the paper's aligned case)."""
+        m = np.asarray(score, dtype=np.float64)
+        d = m.shape[-1] if m.ndim == 2 else 0
+        m = _as_matrix("score matrix M", m, d, d)
+        v = m if value is None else _as_matrix("value matrix V", value, d, d)
+        eye = np.eye(d)
+        return cls(query=eye, key=m.copy(), value_out=eye.copy(), value_in=v.copy())
+
+    @classmethod
+    def from_factors(cls, query, key, value_out=None, value_in=None) -> "Head":
+        """Head from factors M = Q^T K (r x d each) and V = O W (O: d x rv, W: rv x d).
+
+        Without value factors, V = M (aligned) with O = Q^T, W = K.
+        """
+        q = np.asarray(query, dtype=np.float64)
+        d = q.shape[-1] if q.ndim == 2 else 0
+        q = _as_matrix("query factor Q", q, None, d)
+        k = _as_matrix("key factor K", key, q.shape[0], d)
+        if value_out is None and value_in is None:
+            o, w = q.T.copy(), k.copy()
+        elif value_out is None or value_in is None:
+            raise ValueError("give both value factors (value_out O: d x rv, value_in W: rv x d) or neither")
+        else:
+            w = _as_matrix("value factor W (value_in)", value_in, None, d)
+            o = _as_matrix("value factor O (value_out)", value_out, d, w.shape[0])
+        return cls(query=q, key=k, value_out=o, value_in=w)
+
+    @classmethod
+    def scalar(cls, strength: float, dim: int) -> "Head":
+        """M = V = strength * I (the paper's scalar head)."""
+        return cls.from_matrices(strength * np.eye(dim))

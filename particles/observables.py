@@ -1,0 +1,117 @@
+"""Observable rows: column names and the host-side finish of the device reductions.
+
+The kernels reduce every per-token quantity over tokens on the device (sum, min, max,
+log-sum-exp, in float64, fixed order); this module turns those few numbers per head
+into the log's columns. Energies of exponential rules arrive as log-sums, so they stay
+finite in float64 even where e^(beta s) overflows float32.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import kernels as K
+
+RUN_COLUMNS = ("step", "time", "energy", "kinetic", "gamma_bar", "eps")
+HEAD_QUANTITIES = ("energy", "tangent_power", "cross_coupling", "radial_shadow", "energy_rate",
+                   "radial_mean", "radial_absmax", "radial_dominance", "entropy_mean",
+                   "entropy_min", "entropy_max")
+
+
+def columns(n_heads: int, entropy_rate: bool = False, clusters: bool = False,
+            ensemble: bool = False) -> list[str]:
+    """The log's column names, in order."""
+    cols = list(RUN_COLUMNS)
+    if ensemble:
+        cols.insert(2, "replica")
+    quantities = HEAD_QUANTITIES + (("entropy_rate",) if entropy_rate else ())
+    for h in range(n_heads):
+        cols += [f"{q}_h{h}" for q in quantities]
+    if clusters:
+        cols += ["min_cosine", "clusters"]
+    return cols
+
+
+def assemble_rows(sim, step: int, red: np.ndarray, sumx: np.ndarray) -> list[dict]:
+    """One dict per replica for the state at ``step``; red is (R, slots, 4), sumx (R, d)."""
+    n, H = sim.n, sim.n_heads
+    out = []
+    for b in range(sim.n_replicas):
+        beta = float(sim.betas[b])
+        r = red[b]
+        row = {"step": step, "time": step * sim.dt}
+        if sim.ensemble:
+            row["replica"] = b
+        head_cols = {}
+        energy_total = 0.0
+        for h in range(H):
+            def col(slot, kind=K.RED_SUM):
+                return float(r[K.tok_slot(h, slot), kind])
+            if sim.rule.exponential:
+                log_e = col(K.SLOT_ROW_ENERGY, K.RED_LSE) - math.log(2 * beta * n * n)
+                energy = math.exp(log_e) if log_e < 709 else math.inf
+            elif sim.rule.potential is not None:
+                energy = col(K.SLOT_ROW_ENERGY) / (2 * beta * n * n)
+            else:
+                energy = math.nan
+            energy_total += energy
+            tangent = col(K.SLOT_TANGENT) / n
+            cross = col(K.SLOT_CROSS) / n
+            radial_pair = col(K.SLOT_RADIAL_PAIR) / n
+            radial_abs_pair = col(K.SLOT_RADIAL_ABS_PAIR) / n
+            absmax = max(abs(col(K.SLOT_RADIAL, K.RED_MIN)), abs(col(K.SLOT_RADIAL, K.RED_MAX)))
+            dominance = radial_abs_pair / tangent if tangent > 0 else (0.0 if radial_abs_pair == 0 else math.inf)
+            head_cols.update({
+                f"energy_h{h}": energy,
+                f"tangent_power_h{h}": tangent,
+                f"cross_coupling_h{h}": cross,
+                f"radial_shadow_h{h}": radial_pair,
+                f"energy_rate_h{h}": tangent + cross - radial_pair,
+                f"radial_mean_h{h}": col(K.SLOT_RADIAL) / n,
+                f"radial_absmax_h{h}": absmax,
+                f"radial_dominance_h{h}": dominance,
+                f"entropy_mean_h{h}": col(K.SLOT_ENTROPY) / n,
+                f"entropy_min_h{h}": col(K.SLOT_ENTROPY, K.RED_MIN),
+                f"entropy_max_h{h}": col(K.SLOT_ENTROPY, K.RED_MAX),
+            })
+            if sim.entropy_rate_enabled:
+                head_cols[f"entropy_rate_h{h}"] = col(K.SLOT_ENTROPY_RATE) / n
+        gamma_bar = (float(sumx[b] @ sumx[b]) - n) / (n * (n - 1)) if n > 1 else 1.0
+        row.update(energy=energy_total, kinetic=float(r[K.SLOT_KINETIC, K.RED_SUM]) / n,
+                   gamma_bar=gamma_bar, eps=1.0 - gamma_bar)
+        row.update(head_cols)
+        out.append(row)
+    return out
+
+
+def pairwise_extremes(x: np.ndarray, threshold: float, block: int = 1024) -> tuple[float, int]:
+    """Minimum pairwise cosine and the number of clusters (connected components of
+    cos > threshold), in O(n^2 d) time but O(n * block) memory: no n x n matrix."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x / np.linalg.norm(x, axis=1, keepdims=True)
+    n = len(x)
+    parent = np.arange(n)
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    min_cos = 1.0
+    for start in range(0, n, block):
+        cos = x[start:start + block] @ x.T
+        rows = np.arange(start, min(start + block, n))
+        cos[rows - start, rows] = np.inf  # ignore the diagonal for the minimum
+        if n > 1:
+            min_cos = min(min_cos, float(cos.min()))
+        cos[rows - start, rows] = -np.inf
+        ii, jj = np.nonzero(cos > threshold)
+        for i, j in zip(rows[ii], jj):
+            if j > i:
+                ri, rj = find(i), find(j)
+                if ri != rj:
+                    parent[max(ri, rj)] = min(ri, rj)
+    roots = {find(i) for i in range(n)}
+    return min_cos, len(roots)

@@ -1,0 +1,286 @@
+"""The Simulation: state on the device, heads, rule, integrator, and batched observables."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import taichi as ti
+
+from . import backend, kernels
+from .heads import Head
+from .integrators import INTEGRATORS
+from .observables import assemble_rows
+from .rules import Rule, get_rule
+
+GEOMETRIES = ("sphere", "flat")
+DTYPES = ("float32", "float64")
+
+
+class BlowUpError(FloatingPointError):
+    """A NaN or Inf appeared in the state; the message names the step, token and cause."""
+
+    def __init__(self, message: str, step: int, replica: int, token: int):
+        super().__init__(message)
+        self.step, self.replica, self.token = step, replica, token
+
+
+def _as_heads(heads, d: int) -> list[Head]:
+    out = []
+    for idx, h in enumerate(heads):
+        if isinstance(h, Head):
+            head = h
+        elif isinstance(h, tuple) and len(h) == 2:
+            head = Head.from_matrices(h[0], h[1])
+        else:
+            head = Head.from_matrices(h)
+        if head.dim != d:
+            raise ValueError(f"head {idx} acts on dimension {head.dim}, tokens have d = {d}")
+        out.append(head)
+    if not out:
+        raise ValueError("at least one head is needed")
+    return out
+
+
+def _pack(heads: list[Head], d: int):
+    """Stack head factors, zero-padded to the largest ranks (zero rows contribute nothing)."""
+    H = len(heads)
+    r = max(h.score_rank for h in heads)
+    rv = max(h.value_rank for h in heads)
+    Q = np.zeros((H, r, d)); K = np.zeros((H, r, d))
+    W = np.zeros((H, rv, d)); O = np.zeros((H, d, rv))
+    for i, h in enumerate(heads):
+        Q[i, :h.score_rank] = h.query
+        K[i, :h.score_rank] = h.key
+        W[i, :h.value_rank] = h.value_in
+        O[i, :, :h.value_rank] = h.value_out
+    return Q, K, W, O
+
+
+class Simulation:
+    """n tokens (or R replicas of them) flowing under H attention heads.
+
+    Build once (allocates device arrays and compiles every kernel), then ``advance``.
+    Each step: velocity from all heads (rule -> weights -> head outputs -> tangent
+    projection) -> integrator stages -> retraction onto the sphere -> step += 1.
+    Observables, when asked for, are those of the state at the start of the step and
+    come from the first stage's evaluation, so they cost no extra pair pass.
+
+    tokens: (n, d) or (R, n, d) for an ensemble of R replicas (same heads).
+    heads: Head objects, (M, V) pairs, or score matrices M (then V = M).
+    beta: one inverse temperature, or one per replica.
+    """
+
+    def __init__(self, tokens, heads: Sequence, beta=1.0, rule: str | Rule = "exp",
+                 geometry: str = "sphere", dt: float = 0.01, integrator: str = "rk4",
+                 dtype: str = "float32", arch: str = "cpu", entropy_rate: bool = False,
+                 batch: int = 64):
+        x = np.asarray(tokens, dtype=np.float64)
+        self.ensemble = x.ndim == 3
+        if x.ndim == 2:
+            x = x[None]
+        if x.ndim != 3 or x.shape[1] < 1 or x.shape[2] < 1:
+            raise ValueError(f"tokens must have shape (n, d) or (R, n, d), got {np.shape(tokens)}")
+        if not np.all(np.isfinite(x)):
+            raise ValueError("tokens contain NaN or Inf")
+        if geometry not in GEOMETRIES:
+            raise ValueError(f"geometry must be one of {GEOMETRIES}, got {geometry!r}")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        if integrator not in INTEGRATORS:
+            raise ValueError(f"integrator must be one of {tuple(INTEGRATORS)}, got {integrator!r}")
+        if not (np.isfinite(dt) and dt > 0):
+            raise ValueError(f"dt must be a positive number, got {dt!r}")
+        R, n, d = x.shape
+        if geometry == "sphere":
+            norms = np.linalg.norm(x, axis=-1)
+            if np.any(norms == 0):
+                raise ValueError("a token is the zero vector, which has no place on the sphere")
+            x = x / norms[..., None]
+        betas = np.broadcast_to(np.asarray(beta, dtype=np.float64), (R,)).copy() \
+            if np.ndim(beta) == 0 or np.size(beta) == R else None
+        if betas is None:
+            raise ValueError(f"beta must be a number or one value per replica ({R}), got shape {np.shape(beta)}")
+        if not np.all(np.isfinite(betas) & (betas > 0)):
+            raise ValueError(f"beta must be positive and finite, got {beta!r}")
+
+        self.rule = rule if isinstance(rule, Rule) else get_rule(rule)
+        self.heads = _as_heads(heads, d)
+        self.geometry, self.dtype, self.dt = geometry, dtype, float(dt)
+        self.integrator = INTEGRATORS[integrator]()
+        self.n_replicas, self.n, self.d, self.n_heads = R, n, d, len(self.heads)
+        self.betas = betas
+        self.entropy_rate_enabled = bool(entropy_rate) and self.rule.exponential
+        self.step_count = 0
+        self.arch = backend.init(arch)
+
+        real = ti.f32 if dtype == "float32" else ti.f64
+        self._np_real = np.float32 if dtype == "float32" else np.float64
+        Q, K, W, O = _pack(self.heads, d)
+        H, r, rv = len(self.heads), Q.shape[1], W.shape[1]
+        self.score_rank, self.value_rank = r, rv
+
+        def arr(*shape, dt=real):
+            return ti.ndarray(dt, shape=shape)
+
+        self._Q, self._K, self._W, self._O = arr(H, r, d), arr(H, r, d), arr(H, rv, d), arr(H, d, rv)
+        for dev, host in ((self._Q, Q), (self._K, K), (self._W, W), (self._O, O)):
+            dev.from_numpy(host.astype(self._np_real))
+        self._beta = arr(R)
+        self._beta.from_numpy(betas.astype(self._np_real))
+        self.x = arr(R, n, d)
+        self.x.from_numpy(x.astype(self._np_real))
+        self.xdot, self.stage_x, self.stage_acc = arr(R, n, d), arr(R, n, d), arr(R, n, d)
+        self._q, self._k = arr(R, H, n, r), arr(R, H, n, r)
+        self._u, self._g = arr(R, H, n, rv), arr(R, H, n, rv)
+        self._f = arr(R, H, n, d)
+        self._row = arr(R, H, n, 4)
+        self._tok = arr(R, n, kernels.n_tok_slots(H))
+        if self.entropy_rate_enabled:
+            self._qd, self._kd, self._ud = arr(R, H, n, r), arr(R, H, n, r), arr(R, H, n, rv)
+        self._batch = int(batch)
+        self._red = arr(self._batch, R, kernels.n_tok_slots(H), 4, dt=ti.f64)
+        self._sumx = arr(self._batch, R, d, 1, dt=ti.f64)
+        self._pending: list[tuple[int, int]] = []   # (step, slot) of rows not yet copied
+        self._rows: list[dict] = []
+        self._kern = kernels.build(self.rule, geometry, dtype, d, H, r, rv)
+        self._warm_up()
+
+    # -- the operations integrators use -------------------------------------------------
+    def evaluate(self, x, xdot, observe: bool) -> None:
+        kern = self._kern
+        kern.project(x, self._Q, self._K, self._W, self._q, self._k, self._u)
+        kern.pair(self._q, self._k, self._u, self._beta, self._g, self._row, observe)
+        kern.head_out(self._g, self._O, self._f)
+        kern.combine(x, self._f, xdot, self._row, self._tok, observe)
+
+    def after_first_stage(self, observe: bool) -> None:
+        if not observe:
+            return
+        kern = self._kern
+        if self.entropy_rate_enabled:
+            kern.project(self.xdot, self._Q, self._K, self._W, self._qd, self._kd, self._ud)
+            kern.entropy_rate(self._q, self._k, self._qd, self._kd, self._beta, self._row, self._tok)
+        slot = len(self._pending)
+        kern.reduce(self._tok, self.x, self._red, self._sumx, slot)
+        self._pending.append((self.step_count, slot))
+        if len(self._pending) == self._batch:
+            self._flush()
+
+    def axpy(self, out, x, a, y):
+        self._kern.axpy(out, x, a, y)
+
+    def accumulate(self, acc, a, y, first):
+        self._kern.accumulate(acc, a, y, first)
+
+    def retract(self, x):
+        self._kern.retract(x)
+
+    # -- public API -------------------------------------------------------------------------
+    @property
+    def time(self) -> float:
+        return self.step_count * self.dt
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """Current tokens as float64 NumPy, (n, d) or (R, n, d) for an ensemble."""
+        x = self.x.to_numpy().astype(np.float64)
+        return x if self.ensemble else x[0]
+
+    def set_tokens(self, tokens, step: int | None = None) -> None:
+        """Replace the state (e.g. from a checkpoint); exact for arrays of this dtype."""
+        x = np.asarray(tokens)
+        x = x if x.ndim == 3 else x[None]
+        if x.shape != (self.n_replicas, self.n, self.d):
+            raise ValueError(f"tokens must have shape {(self.n_replicas, self.n, self.d)}, got {x.shape}")
+        self.x.from_numpy(np.ascontiguousarray(x, dtype=self._np_real))
+        if step is not None:
+            self.step_count = int(step)
+
+    def velocity(self) -> np.ndarray:
+        """xdot at the current state, float64 NumPy of the tokens' shape."""
+        self.evaluate(self.x, self.xdot, False)
+        v = self.xdot.to_numpy().astype(np.float64)
+        return v if self.ensemble else v[0]
+
+    def advance(self, steps: int = 1, observe_every: int = 0) -> None:
+        """Advance ``steps`` steps; with observe_every = k, record the observables of every
+        state whose step count is a multiple of k (before stepping from it)."""
+        integ, dt = self.integrator, self.dt
+        for _ in range(int(steps)):
+            observe = observe_every > 0 and self.step_count % observe_every == 0
+            integ.step(self, dt, observe)
+            self.step_count += 1
+
+    def observe(self) -> None:
+        """Record the observables of the current state without stepping."""
+        self.evaluate(self.x, self.xdot, True)
+        self.after_first_stage(True)
+
+    def take_rows(self) -> list[dict]:
+        """The recorded observable rows so far (oldest first), and forget them."""
+        self._flush()
+        rows, self._rows = self._rows, []
+        return rows
+
+    def per_token(self) -> dict[str, np.ndarray]:
+        """Per-token arrays of the last observed evaluation: radial_h{h} (a^h_i), entropy_h{h}."""
+        tok = self._tok.to_numpy().astype(np.float64)
+        out = {}
+        for h in range(self.n_heads):
+            for name, s in (("radial", kernels.SLOT_RADIAL), ("entropy", kernels.SLOT_ENTROPY)):
+                a = tok[:, :, kernels.tok_slot(h, s)]
+                out[f"{name}_h{h}"] = a if self.ensemble else a[0]
+        return out
+
+    def first_bad_token(self) -> tuple[int, int] | None:
+        """(replica, token) of the first token with a NaN or Inf component, or None."""
+        idx = int(self._kern.finite_check(self.x))
+        if idx < 0:
+            return None
+        x = self.x.to_numpy()
+        bad = np.argwhere(~np.isfinite(x).all(axis=-1))[0]
+        return int(bad[0]), int(bad[1])
+
+    def check_finite(self) -> None:
+        """Raise BlowUpError naming the step, the first bad token and the likely cause."""
+        bad = self.first_bad_token()
+        if bad is None:
+            return
+        b, i = bad
+        values = self.x.to_numpy()[b, i]
+        cause = (f"the step dt = {self.dt} is likely too large for beta = {self.betas[b]:g}; "
+                 "reduce dt (or beta)")
+        if self.rule.name == "exp" and self.dtype == "float32":
+            cause += ("; with rule 'exp' in float32, e^(beta s) overflows near beta*s = 88: "
+                      "use dtype float64 or rule 'softmax'")
+        where = f"replica {b}, " if self.ensemble else ""
+        raise BlowUpError(f"blow-up at step {self.step_count}: {where}token {i} is not finite "
+                          f"(values {np.array2string(values, precision=4, threshold=8)}). Likely "
+                          f"cause: {cause}.", self.step_count, b, i)
+
+    # -- internals ----------------------------------------------------------------------------
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        count = len(self._pending)
+        red = self._red.to_numpy()[:count]
+        sumx = self._sumx.to_numpy()[:count, :, :, 0]
+        for (step, slot) in self._pending:
+            self._rows.extend(assemble_rows(self, step, red[slot], sumx[slot]))
+        self._pending = []
+
+    def _warm_up(self) -> None:
+        """Compile every kernel now, so JIT time never lands inside a timed step."""
+        kern = self._kern
+        for observe in (False, True):
+            self.evaluate(self.x, self.xdot, observe)
+        if self.entropy_rate_enabled:
+            kern.project(self.xdot, self._Q, self._K, self._W, self._qd, self._kd, self._ud)
+            kern.entropy_rate(self._q, self._k, self._qd, self._kd, self._beta, self._row, self._tok)
+        kern.reduce(self._tok, self.x, self._red, self._sumx, 0)
+        kern.axpy(self.stage_x, self.x, 0.0, self.xdot)
+        kern.accumulate(self.stage_acc, 1.0, self.xdot, 1)
+        kern.accumulate(self.stage_acc, 1.0, self.xdot, 0)
+        kern.retract(self.stage_x)
+        kern.finite_check(self.x)
+        ti.sync()
