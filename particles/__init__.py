@@ -1,9 +1,12 @@
 """Tokens of a transformer as particles: multi-head self-attention dynamics in Taichi."""
-from .heads import Head
-from .rules import Rule, register_rule, get_rule, registered_rules, load_rule_file, BUILTIN_RULES
-from .simulation import Simulation, BlowUpError
-from .backend import ArchError
-
 __version__ = "0.1.0"
+
+from .heads import Head  # noqa: E402
+from .rules import Rule, register_rule, get_rule, registered_rules, load_rule_file, BUILTIN_RULES  # noqa: E402
+from .simulation import Simulation, BlowUpError  # noqa: E402
+from .backend import ArchError  # noqa: E402
+from .output import load_log, load_trajectory  # noqa: E402
+
 __all__ = ["Head", "Rule", "register_rule", "get_rule", "registered_rules", "load_rule_file",
-           "BUILTIN_RULES", "Simulation", "BlowUpError", "ArchError", "__version__"]
+           "BUILTIN_RULES", "Simulation", "BlowUpError", "ArchError", "load_log", "load_trajectory",
+           "__version__"]

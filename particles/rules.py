@@ -8,12 +8,16 @@ A user registers a rule from their own file without editing the package::
     import taichi as ti
     import particles
 
-    particles.register_rule(
-        "sigmoid",
-        kernel=lambda z: 1 / (1 + ti.exp(-z)),
-        normalization="softmax",
-        potential=lambda z: ti.log(1 + ti.exp(z)),
-    )
+    def sigmoid(z):
+        return 1 / (1 + ti.exp(-z))
+
+    def softplus(z):              # its potential: softplus' = sigmoid
+        return ti.log(1 + ti.exp(z))
+
+    particles.register_rule("sigmoid", kernel=sigmoid, normalization="softmax", potential=softplus)
+
+Taichi compiles the functions from their source, so they must be ``def`` functions
+(not lambdas) using Taichi math.
 """
 from __future__ import annotations
 
@@ -75,13 +79,17 @@ def register_rule(name: str, kernel: Callable, normalization: str = "softmax",
         raise ValueError(f"rule {name!r} is built in and cannot be replaced")
     if name in _REGISTRY and not overwrite:
         raise ValueError(f"rule {name!r} is already registered (pass overwrite=True to replace it)")
-    if not callable(kernel):
-        raise TypeError(f"rule {name!r}: kernel must be a function of the scaled score z")
+    for role, fn in (("kernel", kernel), ("potential", potential)):
+        if fn is None and role == "potential":
+            continue
+        if not callable(fn):
+            raise TypeError(f"rule {name!r}: {role} must be a function of the scaled score z")
+        if getattr(fn, "__name__", "") == "<lambda>":
+            raise ValueError(f"rule {name!r}: the {role} is a lambda; Taichi compiles rules from their "
+                             "source, so write it as a `def` function")
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"rule {name!r}: normalization must be one of {NORMALIZATIONS}, "
                          f"got {normalization!r}")
-    if potential is not None and not callable(potential):
-        raise TypeError(f"rule {name!r}: potential must be a function of z or None")
     source = getattr(getattr(kernel, "__code__", None), "co_filename", "user code")
     rule = Rule(name, kernel, normalization, potential, source=source)
     _REGISTRY[name] = rule

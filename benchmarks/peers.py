@@ -1,0 +1,207 @@
+"""Speed peers for the benchmark script: the same sphere/softmax Euler step written the
+way a NumPy or PyTorch user would write it (dense n x n attention per head).
+
+These are yardsticks for the engine's timings, not references for its correctness
+(that is ``tests/reference.py``, float64).  Everything here is float32.
+
+Heads are given as factors, stacked over heads:
+
+    Q, K : (H, r, d)     score matrix  M_h = Q_h^T K_h,  s^h_ij = <Q_h x_i, K_h x_j>
+    O    : (H, d, rv)    value matrix  V_h = O_h W_h
+    W    : (H, rv, d)
+
+One step (MODEL.md, rule ``softmax``, sphere geometry, explicit Euler):
+
+    S_h   = beta (x Q_h^T)(x K_h^T)^T                     (n x n)
+    P_h   = row-softmax(S_h)     (row-max shifted)
+    f^h   = (P_h (x W_h^T)) O_h^T                         (n x d)
+    v     = sum_h f^h;  xdot = v - <v, x> x;  x <- (x + dt xdot) / |x + dt xdot|
+
+Memory: the NumPy peers loop over heads and hold one head's n x n float32 score
+matrix at a time (4 n^2 bytes; the observables variant holds two, 8 n^2 bytes),
+plus O(n (d + r + rv)) per head.  The PyTorch peer hands all heads to
+``scaled_dot_product_attention`` at once: on CUDA (float32 -> memory-efficient
+kernel) no n x n matrix is stored; the CPU/math fallback materialises H n x n
+float32 matrices (4 H n^2 bytes).
+
+This module imports nothing from the project and needs only NumPy; torch is optional.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+try:  # optional peer
+    import torch as _torch
+    import torch.nn.functional as _F
+    TORCH_AVAILABLE = True
+except Exception:  # pragma: no cover - depends on the machine
+    _torch = None
+    _F = None
+    TORCH_AVAILABLE = False
+
+__all__ = ["TORCH_AVAILABLE", "make_factors", "numpy_step", "numpy_step_with_observables",
+           "torch_step", "torch_available"]
+
+
+def make_factors(H, d, r=None, rv=None, scale=1.0, seed=0, dtype=np.float32):
+    """Random factors Q, K (H, r, d), O (H, d, rv), W (H, rv, d) for benchmarks."""
+    r = d if r is None else r
+    rv = d if rv is None else rv
+    rng = np.random.default_rng(seed)
+    Q = rng.standard_normal((H, r, d)) * (scale / math.sqrt(d))
+    K = rng.standard_normal((H, r, d)) * (scale / math.sqrt(d))
+    O = rng.standard_normal((H, d, rv)) * (scale / math.sqrt(rv))
+    W = rng.standard_normal((H, rv, d)) * (scale / math.sqrt(d))
+    return tuple(a.astype(dtype) for a in (Q, K, O, W))
+
+
+def _as32(*arrays):
+    return tuple(np.ascontiguousarray(a, dtype=np.float32) for a in arrays)
+
+
+def _retract_euler(x, v, dt):
+    radial = np.einsum("nd,nd->n", v, x)
+    xdot = v - radial[:, None] * x
+    y = x + np.float32(dt) * xdot
+    y /= np.linalg.norm(y, axis=1, keepdims=True)
+    return y, xdot
+
+
+def numpy_step(x, Q, K, O, W, beta, dt):
+    """One Euler step on the sphere, rule softmax, float32, dense attention per head.
+
+    x: (n, d); returns the new (n, d) float32 tokens.
+    Memory: one n x n float32 matrix at a time (4 n^2 bytes), heads in a loop.
+    """
+    x, Q, K, O, W = _as32(x, Q, K, O, W)
+    n, d = x.shape
+    b = np.float32(beta)
+    v = np.zeros((n, d), dtype=np.float32)
+    for h in range(Q.shape[0]):
+        qx = (x @ Q[h].T) * b                 # (n, r), beta folded in: n r instead of n^2 work
+        S = qx @ (x @ K[h].T).T               # (n, n) scaled scores
+        S -= S.max(axis=1, keepdims=True)
+        np.exp(S, out=S)
+        rowsum = S.sum(axis=1)
+        u = S @ (x @ W[h].T)                  # (n, rv)
+        u /= rowsum[:, None]
+        v += u @ O[h].T                       # (n, d)
+    return _retract_euler(x, v, dt)[0]
+
+
+def numpy_step_with_observables(x, Q, K, O, W, beta, dt):
+    """numpy_step plus the per-step observables of the state *before* the step.
+
+    Returns (x_new, obs) with obs keyed as the log columns (docs/CONTRACTS.md):
+    energy, kinetic, gamma_bar, eps and per head energy_h, tangent_power_h,
+    cross_coupling_h, radial_shadow_h, energy_rate_h, radial_mean_h, radial_absmax_h,
+    radial_dominance_h, entropy_mean_h, entropy_min_h, entropy_max_h.
+
+    Vectorised extras on top of the step: the row log-sum-exp lse_i = m_i + log N_i
+    gives E_h = exp(logsumexp_i lse_i - log(2 beta n^2)) (float64 scalar) and the row
+    entropy H_i = log N_i - sum_j p_ij (z_ij - m_i); everything else is O(H n d).
+    Memory: two n x n float32 matrices at a time (8 n^2 bytes), plus the H head
+    outputs (H n d floats).
+    """
+    x, Q, K, O, W = _as32(x, Q, K, O, W)
+    n, d = x.shape
+    H = Q.shape[0]
+    b = np.float32(beta)
+    F = np.empty((H, n, d), dtype=np.float32)
+    log_energy = np.empty(H)
+    ent = np.empty((H, n), dtype=np.float32)
+    for h in range(H):
+        qx = (x @ Q[h].T) * b
+        Z = qx @ (x @ K[h].T).T               # scaled scores z = beta s
+        m = Z.max(axis=1, keepdims=True)
+        Z -= m                                # shifted, kept for the entropy
+        E = np.exp(Z)
+        rowsum = E.sum(axis=1)
+        logN = np.log(rowsum)
+        ent[h] = logN - np.einsum("ij,ij->i", E, Z) / rowsum
+        lse = (m[:, 0] + logN).astype(np.float64)
+        top = lse.max()
+        log_energy[h] = top + math.log(np.exp(lse - top).sum()) - math.log(2.0 * beta * n * n)
+        u = E @ (x @ W[h].T)
+        u /= rowsum[:, None]
+        F[h] = u @ O[h].T
+    v = F.sum(axis=0)
+    x_new, xdot = _retract_euler(x, v, dt)
+
+    a = np.einsum("hnd,nd->hn", F, x)                         # radial shadows (H, n)
+    Fsq = np.einsum("hnd,hnd->h", F, F, dtype=np.float64)     # sum_i ||f^h_i||^2
+    T = (Fsq - np.einsum("hn,hn->h", a, a, dtype=np.float64)) / n       # ||P f||^2 = ||f||^2 - a^2
+    C = (np.einsum("hnd,nd->h", F, v, dtype=np.float64) - Fsq) / n      # <f^h, v> - ||f^h||^2
+    asum = a.sum(axis=0)
+    absa = np.abs(a)
+    R = (np.einsum("hn,n->h", a, asum, dtype=np.float64) - np.einsum("hn,hn->h", a, a, dtype=np.float64)) / n
+    Rabs = (np.einsum("hn,n->h", absa, absa.sum(axis=0), dtype=np.float64)
+            - np.einsum("hn,hn->h", absa, absa, dtype=np.float64)) / n
+    energy = np.exp(log_energy)
+    ssum = x.sum(axis=0, dtype=np.float64)
+    gamma_bar = (float(ssum @ ssum) - n) / (n * (n - 1)) if n > 1 else float("nan")
+    obs = {
+        "energy": float(energy.sum()),
+        "kinetic": float(np.einsum("nd,nd->", xdot, xdot, dtype=np.float64) / n),
+        "gamma_bar": gamma_bar,
+        "eps": 1.0 - gamma_bar,
+    }
+    for h in range(H):
+        obs[f"energy_h{h}"] = float(energy[h])
+        obs[f"tangent_power_h{h}"] = float(T[h])
+        obs[f"cross_coupling_h{h}"] = float(C[h])
+        obs[f"radial_shadow_h{h}"] = float(R[h])
+        obs[f"energy_rate_h{h}"] = float(T[h] + C[h] - R[h])
+        obs[f"radial_mean_h{h}"] = float(a[h].mean(dtype=np.float64))
+        obs[f"radial_absmax_h{h}"] = float(absa[h].max())
+        obs[f"radial_dominance_h{h}"] = float(Rabs[h] / T[h]) if T[h] > 0 else (
+            float("inf") if Rabs[h] > 0 else 0.0)
+        obs[f"entropy_mean_h{h}"] = float(ent[h].mean(dtype=np.float64))
+        obs[f"entropy_min_h{h}"] = float(ent[h].min())
+        obs[f"entropy_max_h{h}"] = float(ent[h].max())
+    return x_new, obs
+
+
+def torch_available():
+    """True when torch imports (the PyTorch peer can run)."""
+    return TORCH_AVAILABLE
+
+
+def torch_step(x, Q, K, O, W, beta, dt, device=None):
+    """The same Euler step with torch.nn.functional.scaled_dot_product_attention(scale=beta).
+
+    Accepts NumPy arrays (moved to ``device``, default CUDA when available, else CPU;
+    returns NumPy) or torch tensors (kept on their device; returns a tensor).  For
+    timing, pass tensors already on the device so no host transfer is measured.
+    Raises ImportError when torch is not installed.
+
+    Memory: q, k (H, n, r), v (H, n, rv), output (H, n, rv); the attention matrix is
+    not stored by the fused CUDA kernels (float32 -> memory-efficient attention);
+    the CPU/math path materialises H n x n float32 matrices.
+    """
+    if not TORCH_AVAILABLE:
+        raise ImportError("torch is not installed: the PyTorch peer is unavailable "
+                          "(pip install torch)")
+    torch = _torch
+    as_numpy = isinstance(x, np.ndarray)
+    if as_numpy:
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        x, Q, K, O, W = (torch.as_tensor(np.asarray(a, dtype=np.float32), device=device)
+                         for a in (x, Q, K, O, W))
+    with torch.no_grad():
+        q = torch.einsum("nd,hrd->hnr", x, Q).unsqueeze(0)     # (1, H, n, r)
+        k = torch.einsum("nd,hrd->hnr", x, K).unsqueeze(0)
+        val = torch.einsum("nd,hvd->hnv", x, W).unsqueeze(0)   # (1, H, n, rv)
+        try:
+            att = _F.scaled_dot_product_attention(q, k, val, scale=float(beta))
+        except TypeError:  # torch < 2.1 has no scale=: fold beta * sqrt(r) into q
+            att = _F.scaled_dot_product_attention(q * (float(beta) * math.sqrt(q.shape[-1])), k, val)
+        v = torch.einsum("hnv,hdv->nd", att[0], O)             # sum over heads of (P x W^T) O^T
+        xdot = v - (v * x).sum(dim=1, keepdim=True) * x
+        y = x + float(dt) * xdot
+        y = y / torch.linalg.norm(y, dim=1, keepdim=True)
+    return y.cpu().numpy() if as_numpy else y

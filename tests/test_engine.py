@@ -1,0 +1,196 @@
+"""The engine against the independent float64 NumPy reference (tests/reference.py)."""
+import numpy as np
+import pytest
+
+import particles
+import reference as ref
+from conftest import RTOL, general_heads, random_tokens, rel_err, symmetric_heads
+
+RULES = ("exp", "softmax", "relu")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("geometry", ["sphere", "flat"])
+@pytest.mark.parametrize("H", [1, 3])
+@pytest.mark.parametrize("rule", RULES)
+def test_velocity_and_one_step_match_reference(rule, H, geometry, dtype):
+    n, d, beta, dt = 13, 5, 1.3, 0.05
+    x = random_tokens(n, d, seed=H)
+    heads = general_heads(H, d, seed=7)
+    want = ref.velocity(x, heads, beta, rule, geometry)
+    for integrator, stepper in (("euler", ref.step_euler), ("rk4", ref.step_rk4)):
+        sim = particles.Simulation(x, heads, beta=beta, rule=rule, geometry=geometry, dt=dt,
+                                   integrator=integrator, dtype=dtype)
+        assert rel_err(sim.velocity(), want) < RTOL[dtype]
+        sim.advance(1)
+        assert rel_err(sim.tokens, stepper(x, heads, beta, rule, geometry, dt)) < RTOL[dtype]
+
+
+def test_low_rank_factored_heads_match_full_matrices():
+    n, d, r = 11, 6, 2
+    rng = np.random.default_rng(3)
+    x = random_tokens(n, d, 3)
+    factors = [(rng.standard_normal((r, d)), rng.standard_normal((r, d)),
+                rng.standard_normal((d, r)), rng.standard_normal((r, d))) for _ in range(2)]
+    heads = [particles.Head.from_factors(q, k, o, w) for q, k, o, w in factors]
+    full = [(q.T @ k, o @ w) for q, k, o, w in factors]
+    sim = particles.Simulation(x, heads, beta=0.8, rule="softmax", dtype="float64")
+    assert sim.score_rank == r and sim.value_rank == r
+    assert rel_err(sim.velocity(), ref.velocity(x, full, 0.8, "softmax", "sphere")) < 1e-10
+
+
+def test_float32_stays_on_sphere_for_ten_thousand_steps():
+    x = random_tokens(16, 3, 1)
+    sim = particles.Simulation(x, general_heads(2, 3, 1), beta=2.0, rule="softmax", dt=0.01,
+                               integrator="euler", dtype="float32")
+    sim.advance(10_000)
+    norms = np.linalg.norm(sim.x.to_numpy().astype(np.float64), axis=-1)
+    assert np.max(np.abs(norms - 1.0)) < 1e-6
+
+
+@pytest.mark.parametrize("geometry", ["sphere", "flat"])
+def test_energy_increases_at_rate_of_kinetic_theorem11(geometry):
+    """Rule exp, symmetric M_h, V_h = M_h: dE/dt = (1/n) sum ||xdot||^2 >= 0, to O(dt)."""
+    x = random_tokens(12, 4, 5)
+    heads = symmetric_heads(2, 4, 5)
+    t_end = 0.4 if geometry == "sphere" else 0.2  # flat space with rule exp blows up near t = 0.4
+    errors = []
+    for dt in (0.02, 0.01):
+        sim = particles.Simulation(x, heads, beta=1.0, rule="exp", geometry=geometry, dt=dt,
+                                   integrator="rk4", dtype="float64")
+        sim.advance(round(t_end / dt), observe_every=1)
+        sim.observe()
+        rows = sim.take_rows()
+        energy = np.array([r["energy"] for r in rows])
+        kinetic = np.array([r["kinetic"] for r in rows])
+        assert np.all(np.diff(energy) > 0)
+        rate = np.diff(energy) / dt
+        midpoint_kinetic = 0.5 * (kinetic[1:] + kinetic[:-1])
+        errors.append(np.max(np.abs(rate - kinetic[:-1]) / kinetic[:-1]))
+        # the trapezoid of the identity is second order: a much tighter check
+        assert np.max(np.abs(rate - midpoint_kinetic) / kinetic[:-1]) < 100 * dt ** 2
+    assert errors[1] < 0.1 and 1.6 < errors[0] / errors[1] < 2.4  # first order in dt
+
+
+@pytest.mark.parametrize("rule", ["softmax", "exp"])
+def test_equiangular_gamma_follows_the_scalar_ode(rule):
+    n, d, beta, gamma0, dt, steps = 5, 6, 1.5, 0.1, 0.0025, 400
+    lambdas = [0.4, 1.0, 1.7]
+    x = ref.equiangular_tokens(n, d, gamma0, seed=2)
+    heads = [particles.Head.scalar(lam, d) for lam in lambdas]
+    sim = particles.Simulation(x, heads, beta=beta, rule=rule, dt=dt, integrator="rk4", dtype="float64")
+    times, gammas = ref.solve_equiangular_gamma(gamma0, lambdas, beta, n, rule, t_end=steps * dt,
+                                                dt=1e-3, return_trajectory=True)
+    for k in range(1, 11):
+        sim.advance(steps // 10)
+        g = sim.tokens @ sim.tokens.T
+        off = g[~np.eye(n, dtype=bool)]
+        want = gammas[round(k * (steps // 10) * dt / 1e-3)]
+        assert np.max(np.abs(off - want)) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_replica_in_ensemble_equals_run_alone(dtype):
+    n, d, R = 10, 4, 3
+    xs = np.stack([random_tokens(n, d, s) for s in range(R)])
+    betas = np.array([0.5, 1.0, 2.0])
+    heads = general_heads(2, d, 9)
+    ens = particles.Simulation(xs, heads, beta=betas, rule="softmax", dtype=dtype)
+    ens.advance(25, observe_every=5)
+    ens_rows = ens.take_rows()
+    for b in range(R):
+        alone = particles.Simulation(xs[b], heads, beta=betas[b], rule="softmax", dtype=dtype)
+        alone.advance(25, observe_every=5)
+        assert np.array_equal(ens.tokens[b], alone.tokens)
+        mine = [r for r in ens_rows if r["replica"] == b]
+        theirs = alone.take_rows()
+        assert [r["energy_h1"] for r in mine] == [r["energy_h1"] for r in theirs]
+
+
+@pytest.mark.parametrize("integrator,order", [("euler", 1), ("rk4", 4)])
+def test_integrator_order_from_log_log_slope(integrator, order):
+    x = random_tokens(8, 3, 11)
+    heads = general_heads(2, 3, 11)
+    t_end = 0.4
+    exact = x
+    for _ in range(400):  # fine RK4 reference on the same ODE
+        exact = ref.step_rk4(exact, heads, 1.0, "softmax", "sphere", t_end / 400)
+    dts = [0.1, 0.05, 0.025] if integrator == "rk4" else [0.02, 0.01, 0.005]
+    errors = []
+    for dt in dts:
+        sim = particles.Simulation(x, heads, beta=1.0, rule="softmax", dt=dt, integrator=integrator,
+                                   dtype="float64")
+        sim.advance(round(t_end / dt))
+        errors.append(np.max(np.abs(sim.tokens - exact)))
+    slope = np.polyfit(np.log(dts), np.log(errors), 1)[0]
+    assert abs(slope - order) < 0.25, (slope, errors)
+
+
+def test_float32_softmax_does_not_overflow_at_large_beta_score():
+    """beta * s reaches about 300: e^z overflows float32, the running maximum does not."""
+    x = random_tokens(20, 3, 4)
+    heads = [(10.0 * np.eye(3), np.eye(3))]
+    beta = 30.0
+    sim = particles.Simulation(x, heads, beta=beta, rule="softmax", dtype="float32")
+    v = sim.velocity()
+    assert np.all(np.isfinite(v))
+    assert rel_err(v, ref.velocity(x, heads, beta, "softmax", "sphere")) < 1e-4
+    sim.observe()
+    row = sim.take_rows()[0]
+    want = ref.observables(x, heads, beta, "softmax", "sphere")
+    assert np.isfinite(row["energy_h0"])  # about e^300: kept in log form on the device
+    assert abs(row["energy_h0"] / want["energy_h0"] - 1) < 1e-4
+
+
+def test_bad_inputs_give_clear_errors():
+    x = random_tokens(5, 3)
+    with pytest.raises(ValueError, match="geometry"):
+        particles.Simulation(x, [np.eye(3)], geometry="torus")
+    with pytest.raises(ValueError, match="unknown rule 'nope'"):
+        particles.Simulation(x, [np.eye(3)], rule="nope")
+    with pytest.raises(ValueError, match="dimension 4"):
+        particles.Simulation(x, [np.eye(4)])
+    with pytest.raises(ValueError, match="beta"):
+        particles.Simulation(x, [np.eye(3)], beta=-1.0)
+    with pytest.raises(ValueError, match="dt"):
+        particles.Simulation(x, [np.eye(3)], dt=0)
+
+
+def test_user_rule_registered_from_python():
+    import taichi as ti
+    name = "test_sigmoid_engine"
+
+    def sigmoid(z):
+        return 1 / (1 + ti.exp(-z))
+
+    def softplus(z):
+        return ti.log(1 + ti.exp(z))
+
+    if name not in particles.registered_rules():
+        particles.register_rule(name, kernel=sigmoid, normalization="softmax", potential=softplus)
+    with pytest.raises(ValueError, match="lambda"):
+        particles.register_rule("test_lambda_rule", kernel=lambda z: z)
+    x = random_tokens(9, 4, 2)
+    heads = general_heads(2, 4, 2)
+    user = ref.UserRule(kernel=lambda z: 1 / (1 + np.exp(-z)), normalization="softmax",
+                        potential=lambda z: np.log1p(np.exp(z)))
+    sim = particles.Simulation(x, heads, beta=1.1, rule=name, dtype="float64")
+    assert rel_err(sim.velocity(), ref.velocity(x, heads, 1.1, user, "sphere")) < 1e-10
+    sim.observe()
+    row = sim.take_rows()[0]
+    want = ref.observables(x, heads, 1.1, user, "sphere")
+    assert abs(row["energy"] / want["energy"] - 1) < 1e-10
+    assert abs(row["entropy_mean_h1"] / want["entropy_mean_h1"] - 1) < 1e-10
+
+
+def test_blow_up_is_reported_with_step_and_token():
+    x = random_tokens(6, 3, 1)
+    sim = particles.Simulation(x, [(np.eye(3), np.eye(3))], beta=1.0, rule="exp", geometry="flat",
+                               dt=50.0, integrator="euler", dtype="float32")
+    with pytest.raises(particles.BlowUpError) as info:
+        for _ in range(50):
+            sim.advance(1)
+            sim.check_finite()
+    msg = str(info.value)
+    assert "blow-up at step" in msg and "token" in msg and "dt" in msg
+    assert info.value.step == sim.step_count
