@@ -35,7 +35,7 @@ def init(arch: str = "cpu") -> str:
         return running
     # default_fp=f64 keeps Python float literals exact in float64 kernels; float32
     # kernels cast their constants explicitly (see kernels.py).
-    options = dict(default_fp=ti.f64, offline_cache=True, log_level=ti.WARN)
+    options = dict(default_fp=ti.f64, offline_cache=True, log_level=ti.WARN, unrolling_limit=0)
     if arch == "cpu":
         ti.init(arch=ti.cpu, **options)
     else:

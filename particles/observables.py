@@ -14,18 +14,24 @@ import numpy as np
 from . import kernels as K
 
 RUN_COLUMNS = ("step", "time", "energy", "kinetic", "gamma_bar", "eps")
-HEAD_QUANTITIES = ("energy", "tangent_power", "cross_coupling", "radial_shadow", "energy_rate",
-                   "radial_mean", "radial_absmax", "radial_dominance", "entropy_mean",
-                   "entropy_min", "entropy_max")
+# Observable groups a scene can switch off ([log] energy / radial / entropy); they all come
+# from the same fused pass, so switching one off only shortens the log.
+GROUPS = {
+    "energy": ("energy", "tangent_power", "cross_coupling", "radial_shadow", "energy_rate"),
+    "radial": ("radial_mean", "radial_absmax", "radial_dominance"),
+    "entropy": ("entropy_mean", "entropy_min", "entropy_max"),
+}
+HEAD_QUANTITIES = GROUPS["energy"] + GROUPS["radial"] + GROUPS["entropy"]
 
 
 def columns(n_heads: int, entropy_rate: bool = False, clusters: bool = False,
-            ensemble: bool = False) -> list[str]:
+            ensemble: bool = False, groups=("energy", "radial", "entropy")) -> list[str]:
     """The log's column names, in order."""
-    cols = list(RUN_COLUMNS)
+    cols = [c for c in RUN_COLUMNS if c not in ("energy", "kinetic") or "energy" in groups]
     if ensemble:
         cols.insert(2, "replica")
-    quantities = HEAD_QUANTITIES + (("entropy_rate",) if entropy_rate else ())
+    quantities = tuple(q for g in ("energy", "radial", "entropy") if g in groups for q in GROUPS[g])
+    quantities += ("entropy_rate",) if entropy_rate else ()
     for h in range(n_heads):
         cols += [f"{q}_h{h}" for q in quantities]
     if clusters:

@@ -71,8 +71,10 @@ class Summary:
         for h in range(self.n_heads):
             key = (row.get("replica", 0), h)
             e = row[f"energy_h{h}"]
+            if math.isnan(e):
+                self.monotone[h] = None  # the rule has no potential: no energy to judge
             prev = self._prev.get(key)
-            if prev is not None and e < prev - self.tol * max(abs(prev), 1e-300):
+            if self.monotone[h] and prev is not None and e < prev - self.tol * max(abs(prev), 1e-300):
                 self.monotone[h] = False
             self._prev[key] = e
             self.max_dominance[h] = max(self.max_dominance[h], row[f"radial_dominance_h{h}"])
@@ -157,7 +159,9 @@ class Runner:
         frames = max(1, int(self.rendercfg.get("frames", 150)))
         raw = max(1, self.steps_total // frames)
         self.frame_every = max(self.log_every, int(round(raw / self.log_every)) * self.log_every)
-        self.columns = columns(sim.n_heads, sim.entropy_rate_enabled, self.clusters_every > 0, sim.ensemble)
+        groups = tuple(g for g in ("energy", "radial", "entropy") if self.logcfg.get(g, True))
+        self.columns = columns(sim.n_heads, sim.entropy_rate_enabled, self.clusters_every > 0,
+                               sim.ensemble, groups)
         self.summary = Summary(sim.n_heads, 1e-5 if sim.dtype == "float32" else 1e-10)
         self.panel_history: dict[str, list] = {}
         self.extra: dict[tuple[int, int], dict] = {}

@@ -1,0 +1,345 @@
+"""A scene: a validated TOML description of one run (tokens, heads, dynamics, log,
+render, output), and what it builds (the initial tokens, the heads).
+
+    scene = load_scene("quickstart", overrides=["dynamics.beta=3.0"])
+    scene.tokens()      # (n, d), or (R, n, d) for an ensemble of R replicas
+    scene.heads()       # list[particles.heads.Head]
+    scene.to_toml()     # the resolved scene, every default filled
+
+``scene.data`` is the resolved dict; the builders read it each time they are
+called, so a modified ``data`` takes effect (re-validate with ``Scene.from_dict``).
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import tomli_w
+
+from particles.heads import Head
+
+from . import configurations, head_builders, schema
+from .errors import SceneError
+
+LIBRARY = Path(__file__).resolve().parent / "library"
+
+
+# ----------------------------------------------------------------------------- builders
+
+def build_tokens(tokens: dict) -> np.ndarray:
+    """Initial tokens from a resolved [tokens] table: (n, d), or (R, n, d) if replicas > 1."""
+    seed = tokens.get("seed", 0)
+    reps = [_one_replica(tokens, seed + r) for r in range(tokens.get("replicas", 1))]
+    return reps[0] if len(reps) == 1 else np.stack(reps)
+
+
+def _one_replica(t: dict, seed: int) -> np.ndarray:
+    n, d, init = t["n"], t["d"], t.get("init", "random")
+    if init == "random":
+        x = configurations.random(n, d, seed)
+    elif init == "equiangular":
+        x = configurations.equiangular(n, d, t.get("gamma", 0.0), seed)
+    elif init == "orthogonal":
+        x = configurations.orthogonal(n, d, seed)
+    elif init == "clusters":
+        x = configurations.clusters(n, d, t.get("clusters", 3), t.get("spread", 0.1), seed,
+                                    centers=t.get("centers"))
+    elif init == "file":
+        x = configurations.from_file(t["path"], n, d)
+    else:
+        raise ValueError(f"unknown init {init!r}")
+    noise = t.get("noise", 0.0)
+    return configurations.perturb(x, noise, seed) if noise > 0 else x
+
+
+def _matrix(value) -> np.ndarray:
+    if isinstance(value, str):
+        return np.asarray(np.load(value, allow_pickle=False), dtype=np.float64)
+    return np.asarray(value, dtype=np.float64)
+
+
+def build_head_entry(entry: dict, d: int) -> list[Head]:
+    """The heads of one resolved heads entry ([[heads]] table, or [heads] with count)."""
+    kind = entry["kind"]
+    count = entry.get("count", 1)
+    seed = entry.get("seed", 0)
+    strengths = entry.get("strengths") or [entry.get("strength", 1.0)] * count
+    if kind == "scalar":
+        heads = head_builders.scalar(strengths, d)
+    elif kind == "subspace":
+        if "count" not in entry:            # one [[heads]] table
+            basis = entry.get("basis")
+            heads = [head_builders.subspace(
+                d, strengths[0], block=entry.get("block"),
+                basis=None if basis is None else _matrix(basis))]
+        else:
+            start = entry["block"][0] if "block" in entry else 0
+            heads = head_builders.subspaces(d, strengths, entry["rank"], start)
+    elif kind == "near_orthogonal":
+        heads = head_builders.near_orthogonal(count, d, entry.get("rank", 1),
+                                              entry.get("angle", 75.0), seed, strengths)
+    elif kind == "random_symmetric":
+        heads = [head_builders.random_symmetric(d, seed + h, s) for h, s in enumerate(strengths)]
+    elif kind == "random":
+        heads = [head_builders.random(d, entry.get("rank", d), seed + h, s)
+                 for h, s in enumerate(strengths)]
+    elif kind == "matrix":
+        vm = entry.get("value_matrix")
+        heads = [head_builders.matrix(_matrix(entry["score"]), None if vm is None else _matrix(vm))]
+    else:
+        raise ValueError(f"unknown head kind {kind!r}")
+    value, noise = entry.get("value", "aligned"), entry.get("value_noise", 0.0)
+    return [head_builders.with_value(h, value, noise, seed + i) for i, h in enumerate(heads)]
+
+
+def build_heads(heads, d: int) -> list[Head]:
+    """All heads of a resolved scene's ``heads`` (a list of entries or one table)."""
+    entries = heads if isinstance(heads, list) else [heads]
+    return [h for entry in entries for h in build_head_entry(entry, d)]
+
+
+# ----------------------------------------------------------------------------- the scene
+
+class Scene:
+    """A validated scene. Build one with ``load_scene`` or ``Scene.from_dict``."""
+
+    def __init__(self, data: dict, source: str = "<dict>", path: Path | None = None):
+        self.data = data
+        self.source = source
+        self.path = path
+
+    # construction --------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "<dict>", base_dir=None,
+                  path: Path | None = None) -> "Scene":
+        """Validate a raw or resolved scene dict; relative paths start at ``base_dir`` (default:
+        the current folder). Raises SceneError listing every problem."""
+        if not isinstance(d, dict):
+            raise SceneError(source, [f"expected a table (dict), got {type(d).__name__}"],
+                             is_file=path is not None)
+        base = Path(base_dir) if base_dir is not None else Path.cwd()
+        default_name = path.stem if path is not None else "scene"
+        data, problems = schema.resolve(copy.deepcopy(d), base, default_name)
+        if problems:
+            raise SceneError(source, problems, is_file=path is not None)
+        return cls(data, source, path)
+
+    @classmethod
+    def from_file(cls, path, overrides=()) -> "Scene":
+        """Read, override and validate a scene file."""
+        p = Path(path)
+        source = str(path)
+        if not p.is_file():
+            raise SceneError(source, [f"file not found: '{p.resolve()}'"])
+        try:
+            with open(p, "rb") as fh:
+                raw = tomllib.load(fh)
+        except tomllib.TOMLDecodeError as exc:
+            raise SceneError(source, [f"invalid TOML: {exc}"]) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SceneError(source, [f"cannot read the file: {exc}"]) from None
+        raw = apply_overrides(raw, overrides, source)
+        return cls.from_dict(raw, source=source, base_dir=p.resolve().parent, path=p.resolve())
+
+    # contents ------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.data["name"]
+
+    @property
+    def description(self) -> str:
+        return self.data["description"]
+
+    @property
+    def n_heads(self) -> int:
+        heads = self.data["heads"]
+        if isinstance(heads, dict):
+            return heads.get("count", 1)
+        return len(heads)
+
+    @property
+    def replicas(self) -> int:
+        return self.data["tokens"].get("replicas", 1)
+
+    @property
+    def rule_file(self) -> Path | None:
+        f = self.data["dynamics"].get("rule_file")
+        return None if f is None else Path(f)
+
+    def tokens(self) -> np.ndarray:
+        """Initial tokens, float64 unit vectors: (n, d), or (R, n, d) when replicas = R > 1."""
+        return build_tokens(self.data["tokens"])
+
+    def heads(self) -> list[Head]:
+        """The scene's heads (``particles.heads.Head``), in file order."""
+        return build_heads(self.data["heads"], self.data["tokens"]["d"])
+
+    def head_bases(self) -> list[np.ndarray | None]:
+        """Per head, an orthonormal d x k basis of its subspace (subspace and near_orthogonal
+        heads), else None; for views that project onto each head's subspace."""
+        heads = self.data["heads"]
+        entries = heads if isinstance(heads, list) else [heads]
+        out: list = []
+        for entry, built in zip(entries, _split(self.heads(), entries)):
+            if entry["kind"] in ("subspace", "near_orthogonal"):
+                out += [np.ascontiguousarray(h.query.T) for h in built]
+            else:
+                out += [None] * len(built)
+        return out
+
+    # output --------------------------------------------------------------------
+    def to_toml(self) -> str:
+        """The resolved scene as TOML (every default filled, paths absolute)."""
+        header = (f"# resolved scene '{self.name}'"
+                  + (f" (from {self.path})" if self.path else "") + "\n")
+        return header + tomli_w.dumps(_plain(self.data))
+
+    def save(self, path) -> Path:
+        """Write ``to_toml()`` to ``path`` (atomically: a temporary file, then rename)."""
+        p = Path(path)
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(self.to_toml(), encoding="utf-8")
+        os.replace(tmp, p)
+        return p
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Scene) and self.data == other.data
+
+    def __repr__(self) -> str:
+        t = self.data["tokens"]
+        return (f"Scene({self.name!r}: n={t['n']}, d={t['d']}, heads={self.n_heads}, "
+                f"rule={self.data['dynamics']['rule']!r}, source={self.source!r})")
+
+
+def _split(heads: list, entries: list) -> list[list]:
+    out, i = [], 0
+    for e in entries:
+        k = e.get("count", 1)
+        out.append(heads[i:i + k])
+        i += k
+    return out
+
+
+def _plain(v):
+    """Plain Python values for tomli_w (no numpy scalars)."""
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+# ----------------------------------------------------------------------------- overrides
+
+def parse_override(text: str):
+    """'section.key=value' -> (['section', 'key'], value); value parsed as TOML, else a string."""
+    if not isinstance(text, str) or "=" not in text:
+        raise ValueError(f"override {text!r}: expected 'section.key=value'")
+    key, value = text.split("=", 1)
+    parts = [p.strip() for p in key.strip().split(".")]
+    if not key.strip() or any(not p for p in parts):
+        raise ValueError(f"override {text!r}: expected 'section.key=value' with a non-empty "
+                         "dotted key")
+    value = value.strip()
+    try:
+        parsed = tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value
+    return parts, parsed
+
+
+def apply_overrides(raw: dict, overrides, source: str = "<dict>") -> dict:
+    """A copy of ``raw`` with each 'section.key=value' applied (list entries by index:
+    'heads.0.strength=2'). Raises SceneError listing every malformed override."""
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    out = copy.deepcopy(raw)
+    problems = []
+    for text in overrides or ():
+        try:
+            parts, value = parse_override(text)
+            node = out
+            for i, part in enumerate(parts[:-1]):
+                node = _descend(node, part, parts[:i + 1], text)
+            _assign(node, parts[-1], value, parts, text)
+        except ValueError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise SceneError(source, problems)
+    return out
+
+
+def _descend(node, part, where, text):
+    if isinstance(node, list):
+        idx = _index(node, part, where, text)
+        return node[idx]
+    if not isinstance(node, dict):
+        raise ValueError(f"override {text!r}: '{'.'.join(where[:-1])}' is not a table")
+    if part not in node:
+        node[part] = {}
+    if not isinstance(node[part], (dict, list)):
+        raise ValueError(f"override {text!r}: '{'.'.join(where)}' is a value, not a table")
+    return node[part]
+
+
+def _assign(node, part, value, where, text):
+    if isinstance(node, list):
+        node[_index(node, part, where, text)] = value
+    elif isinstance(node, dict):
+        node[part] = value
+    else:
+        raise ValueError(f"override {text!r}: '{'.'.join(where[:-1])}' is not a table")
+
+
+def _index(node: list, part: str, where, text) -> int:
+    try:
+        idx = int(part)
+    except ValueError:
+        raise ValueError(f"override {text!r}: '{'.'.join(where[:-1])}' is a list; index it with "
+                         f"a number (0..{len(node) - 1}), got '{part}'") from None
+    if not 0 <= idx < len(node):
+        raise ValueError(f"override {text!r}: index {idx} out of range 0..{len(node) - 1}")
+    return idx
+
+
+# ----------------------------------------------------------------------------- loading
+
+def bundled_scenes() -> dict[str, tuple[Path, str]]:
+    """Bundled scene name -> (path, one-line description), sorted by name."""
+    out = {}
+    for p in sorted(LIBRARY.glob("*.toml")):
+        try:
+            with open(p, "rb") as fh:
+                desc = tomllib.load(fh).get("description", "")
+        except (OSError, tomllib.TOMLDecodeError):
+            desc = ""
+        line = desc.strip().splitlines()[0] if isinstance(desc, str) and desc.strip() else ""
+        out[p.stem] = (p, line)
+    return out
+
+
+def load_scene(name_or_path, overrides=()) -> Scene:
+    """A scene from a .toml path or a bundled scene name, with 'section.key=value' overrides
+    applied before validation. Raises SceneError (a ValueError) listing every problem."""
+    if isinstance(name_or_path, Scene):
+        return name_or_path
+    text = os.fspath(name_or_path)
+    looks_like_path = (isinstance(name_or_path, os.PathLike) or text.endswith(".toml")
+                       or "/" in text or os.sep in text)
+    if looks_like_path:
+        return Scene.from_file(text, overrides)
+    library = bundled_scenes()
+    if text in library:
+        return Scene.from_file(library[text][0], overrides)
+    if Path(text).is_file():
+        return Scene.from_file(text, overrides)
+    close = difflib.get_close_matches(text, list(library), n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    raise SceneError(text, [f"no scene file '{text}' and no bundled scene of that name; {hint}"
+                            f"bundled scenes: {', '.join(library)}"], is_file=False)

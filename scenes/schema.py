@@ -1,0 +1,725 @@
+"""The scene schema: every section and key, their types, defaults and checks.
+
+``resolve(raw, base_dir, default_name)`` turns the dict read from a TOML file into
+the *resolved* scene data (every default filled, relative paths made absolute,
+``t_end`` turned into ``steps``) and the list of every problem found. It never
+raises on a user's mistake and never executes user code (a ``rule_file`` is only
+checked to exist). ``scenes/README.md`` documents each key listed here.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from . import configurations, head_builders
+
+MISSING: Any = object()
+
+SECTIONS = ("tokens", "heads", "dynamics", "log", "render", "output")
+TOP_KEYS = ("name", "description") + SECTIONS
+
+INITS = ("random", "equiangular", "orthogonal", "clusters", "file")
+TOKEN_KEYS = ("n", "d", "init", "seed", "gamma", "clusters", "spread", "centers", "path",
+              "noise", "replicas")
+INIT_ONLY = {"gamma": "equiangular", "clusters": "clusters", "spread": "clusters",
+             "centers": "clusters", "path": "file"}
+
+HEAD_KINDS = ("scalar", "subspace", "near_orthogonal", "random_symmetric", "random", "matrix")
+HEAD_KEYS = ("kind", "count", "strength", "strengths", "seed", "value", "value_noise", "block",
+             "basis", "rank", "angle", "score", "value_matrix")
+# keys that only some kinds take, per form ("array" = [[heads]], "table" = [heads] + count)
+KIND_KEYS = {
+    "array": {"scalar": (), "subspace": ("block", "basis"), "random_symmetric": (),
+              "random": ("rank",), "matrix": ("score", "value_matrix")},
+    "table": {"scalar": (), "subspace": ("block", "rank"), "near_orthogonal": ("rank", "angle"),
+              "random_symmetric": (), "random": ("rank",), "matrix": ("score", "value_matrix")},
+}
+KIND_SPECIFIC = ("block", "basis", "rank", "angle", "score", "value_matrix")
+VALUES = head_builders.VALUE_MODES
+
+BUILTIN_RULES = ("exp", "softmax", "relu")
+DYNAMICS_KEYS = ("geometry", "rule", "rule_file", "beta", "betas", "dt", "steps", "t_end",
+                 "integrator", "dtype", "arch")
+LOG_KEYS = ("every", "energy", "radial", "entropy", "entropy_rate", "clusters_every",
+            "cluster_threshold", "trajectory_every")
+VIEWS = ("auto", "circle", "sphere", "pca", "heads")
+COLOR_BY = ("index", "cluster", "radial", "entropy")
+PROJECTIONS = ("pca_initial", "pca_final")
+PANELS = ("energy", "radial_dominance", "entropy")
+RENDER_KEYS = ("enabled", "file", "frames", "fps", "view", "color_by", "color_head", "trails",
+               "rotate", "projection", "panels", "dpi", "width", "height")
+RENDER_EXTENSIONS = (".mp4", ".gif")
+OUTPUT_KEYS = ("dir", "run_dir")
+
+SECTION_KEYS = {"tokens": TOKEN_KEYS, "heads": HEAD_KEYS, "dynamics": DYNAMICS_KEYS,
+                "log": LOG_KEYS, "render": RENDER_KEYS, "output": OUTPUT_KEYS}
+
+
+# ----------------------------------------------------------------------------- value specs
+
+class _Bad(Exception):
+    """A value failed its spec; ``wrong_type`` tells a type error from a range error."""
+
+    def __init__(self, wrong_type: bool, hint: str = ""):
+        super().__init__(hint)
+        self.wrong_type = wrong_type
+        self.hint = hint
+
+
+@dataclass(frozen=True)
+class Spec:
+    expected: str                       # "an integer >= 2", used in messages and the README
+    convert: Callable[[Any], Any]       # returns the converted value or raises _Bad
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _bounds_text(lo, hi, lo_open, hi_open) -> str:
+    if lo is not None and hi is not None:
+        return f" in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+    if lo is not None:
+        return f" {'>' if lo_open else '>='} {lo:g}"
+    if hi is not None:
+        return f" {'<' if hi_open else '<='} {hi:g}"
+    return ""
+
+
+def _in_bounds(v, lo, hi, lo_open, hi_open) -> bool:
+    if lo is not None and (v <= lo if lo_open else v < lo):
+        return False
+    if hi is not None and (v >= hi if hi_open else v > hi):
+        return False
+    return True
+
+
+def integer(lo=None, hi=None) -> Spec:
+    def convert(v):
+        if not _is_int(v):
+            raise _Bad(True)
+        if not _in_bounds(v, lo, hi, False, False):
+            raise _Bad(False)
+        return v
+    return Spec("an integer" + _bounds_text(lo, hi, False, False), convert)
+
+
+def number(lo=None, hi=None, lo_open=False, hi_open=False) -> Spec:
+    def convert(v):
+        if not _is_number(v):
+            raise _Bad(True)
+        v = float(v)
+        if not math.isfinite(v) or not _in_bounds(v, lo, hi, lo_open, hi_open):
+            raise _Bad(False)
+        return v
+    return Spec("a number" + _bounds_text(lo, hi, lo_open, hi_open), convert)
+
+
+def boolean() -> Spec:
+    def convert(v):
+        if not isinstance(v, bool):
+            raise _Bad(True)
+        return v
+    return Spec("true or false", convert)
+
+
+def string(nonempty: bool = False) -> Spec:
+    def convert(v):
+        if not isinstance(v, str):
+            raise _Bad(True)
+        if nonempty and not v.strip():
+            raise _Bad(False)
+        return v
+    return Spec("a non-empty string" if nonempty else "a string", convert)
+
+
+def choice(*options: str) -> Spec:
+    def convert(v):
+        if not isinstance(v, str):
+            raise _Bad(True)
+        if v not in options:
+            close = difflib.get_close_matches(v, options, n=1)
+            raise _Bad(False, f"; did you mean '{close[0]}'?" if close else "")
+        return v
+    return Spec("one of " + ", ".join(f"'{o}'" for o in options), convert)
+
+
+def number_list(lo=None, lo_open=False, length: int | None = None, nonempty=True) -> Spec:
+    item = number(lo, lo_open=lo_open)
+
+    def convert(v):
+        if not isinstance(v, list) or not all(_is_number(x) for x in v):
+            raise _Bad(True)
+        if nonempty and not v:
+            raise _Bad(False)
+        if length is not None and len(v) != length:
+            raise _Bad(False)
+        try:
+            return [item.convert(x) for x in v]
+        except _Bad:
+            raise _Bad(False) from None
+    text = "a list of numbers" + _bounds_text(lo, None, lo_open, False).replace(" ", " each ", 1)
+    if length is not None:
+        text += f" of length {length}"
+    return Spec(text, convert)
+
+
+def int_pair(lo=0) -> Spec:
+    def convert(v):
+        if not isinstance(v, list) or not all(_is_int(x) for x in v):
+            raise _Bad(True)
+        if len(v) != 2 or v[0] < lo or v[1] <= v[0]:
+            raise _Bad(False)
+        return list(v)
+    return Spec("[start, stop] with integers 0 <= start < stop", convert)
+
+
+def vectors(cols: int | None, rows: int | None = None, square: bool = False) -> Spec:
+    """A nested list of numbers: rows x cols (a list of vectors / a matrix)."""
+    shape = f"({rows if rows is not None else 'k'}, {cols if cols is not None else 'd'})"
+    what = "a d x d matrix (list of rows)" if square else "a list of vectors"
+
+    def convert(v):
+        if not isinstance(v, list) or not v or not all(isinstance(r, list) for r in v):
+            raise _Bad(True)
+        if not all(_is_number(x) for r in v for x in r):
+            raise _Bad(True)
+        if len({len(r) for r in v}) != 1:
+            raise _Bad(False, "; the rows have different lengths")
+        if (cols is not None and len(v[0]) != cols) or (rows is not None and len(v) != rows):
+            raise _Bad(False, f"; found shape ({len(v)}, {len(v[0])})")
+        if not all(math.isfinite(float(x)) for r in v for x in r):
+            raise _Bad(False, "; it holds NaN or Inf")
+        return [[float(x) for x in r] for r in v]
+    return Spec(f"{what} of shape {shape}", convert)
+
+
+def _type_name(v) -> str:
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, int):
+        return "an integer"
+    if isinstance(v, float):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "a list"
+    if isinstance(v, dict):
+        return "a table"
+    return type(v).__name__
+
+
+def show(v) -> str:
+    """A value as it would appear in TOML (short)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return repr(v)
+    if isinstance(v, dict):
+        return "a table"
+    if isinstance(v, list):
+        text = "[" + ", ".join(show(x) for x in v[:6]) + (", ...]" if len(v) > 6 else "]")
+        return text if len(text) <= 80 else text[:77] + "..."
+    return repr(v)
+
+
+# ----------------------------------------------------------------------------- sections
+
+def _suggest(key: str, allowed, where: str) -> str:
+    close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean '{close[0]}'?"
+    homes = [s for s, keys in SECTION_KEYS.items() if key in keys and f"[{s}]" not in where]
+    if homes:
+        return f"; it belongs in [{homes[0]}]"
+    return f" (allowed: {', '.join(allowed)})"
+
+
+class _Section:
+    """Reads one table: converts each key, fills defaults, records problems."""
+
+    def __init__(self, problems: list, raw, label: str, allowed, name: str):
+        self.problems = problems
+        self.label = label          # "[dynamics]" or "[[heads]] #1"
+        self.out: dict = {}
+        self.ok = isinstance(raw, dict)
+        if not self.ok:
+            problems.append(f"{name}: expected a table {label}, got {show(raw)} "
+                            f"({_type_name(raw)})")
+            raw = {}
+        self.raw = raw
+        for key in raw:
+            if key not in allowed:
+                problems.append(f"unknown key '{key}' in {label}{_suggest(key, allowed, label)}")
+
+    def problem(self, key: str, text: str) -> None:
+        self.problems.append(f"{self.label} {key}: {text}")
+
+    def has(self, key: str) -> bool:
+        return key in self.raw
+
+    def take(self, key: str, spec: Spec, default=MISSING, required: bool = False, store=True):
+        """The converted value, or ``default`` when absent; MISSING when absent/invalid."""
+        if key not in self.raw:
+            if required:
+                self.problem(key, f"missing (required): give {spec.expected}")
+                return MISSING
+            if default is not MISSING and store:
+                self.out[key] = default
+            return default
+        v = self.raw[key]
+        try:
+            value = spec.convert(v)
+        except _Bad as bad:
+            kind = f" ({_type_name(v)})" if bad.wrong_type else ""
+            self.problem(key, f"expected {spec.expected}, got {show(v)}{kind}{bad.hint}")
+            return MISSING
+        if store:
+            self.out[key] = value
+        return value
+
+    def not_applicable(self, key: str, why: str) -> None:
+        if key in self.raw:
+            self.problem(key, f"does not apply {why}; remove it")
+
+
+def _path_value(sec: _Section, key: str, base_dir: Path, suffixes=None, required=False):
+    """A file path relative to the scene's folder, stored absolute; must exist."""
+    p = sec.take(key, string(nonempty=True), required=required, store=False)
+    if p is MISSING:
+        return MISSING
+    full = (base_dir / Path(p).expanduser()).resolve()
+    if suffixes and full.suffix.lower() not in suffixes:
+        sec.problem(key, f"expected a {' / '.join(suffixes)} file, got {show(p)}")
+        return MISSING
+    if not full.is_file():
+        sec.problem(key, f"file not found: '{full}' (from {show(p)}; relative paths start at the "
+                         f"scene file's folder '{base_dir}')")
+        return MISSING
+    sec.out[key] = str(full)
+    return str(full)
+
+
+def _catch(sec: _Section, key: str, fn, *args, **kwargs):
+    """Run a builder; turn its ValueError into a problem of ``key``."""
+    try:
+        return fn(*args, **kwargs)
+    except ValueError as exc:
+        sec.problem(key, str(exc))
+        return MISSING
+
+
+# ----------------------------------------------------------------------------- [tokens]
+
+def _tokens(problems, raw, base_dir: Path) -> dict:
+    sec = _Section(problems, raw, "[tokens]", TOKEN_KEYS, "tokens")
+    if not sec.ok:
+        return sec.out
+    n = sec.take("n", integer(2), required=True)
+    d = sec.take("d", integer(2), required=True)
+    init = sec.take("init", choice(*INITS), "random")
+    sec.take("seed", integer(0), 0)
+    for key, only in INIT_ONLY.items():
+        if init is not MISSING and init != only:
+            sec.not_applicable(key, f"to init = '{init}' (only to init = '{only}')")
+    if init == "equiangular":
+        gamma = sec.take("gamma", number(), 0.0)
+        if gamma is not MISSING and n is not MISSING:
+            lo, hi = configurations.equiangular_range(n)
+            if not lo - 1e-12 <= gamma <= hi + 1e-12:
+                sec.problem("gamma", f"expected a number in [-1/(n-1), 1] = [{lo:.6g}, 1] for "
+                                     f"n = {n}, got {show(gamma)}")
+            elif d is not MISSING:
+                _catch(sec, "init", configurations.check_equiangular, n, d, gamma)
+    elif init == "orthogonal":
+        if n is not MISSING and d is not MISSING and n > d:
+            sec.problem("init", f"'orthogonal' needs n <= d (at most d orthonormal vectors in "
+                                f"R^d), got n = {n} > d = {d}")
+    elif init == "clusters":
+        centers = MISSING
+        if sec.has("centers"):
+            centers = sec.take("centers", vectors(d if d is not MISSING else None))
+            if centers is not MISSING and any(not any(r) for r in centers):
+                sec.problem("centers", "a centre is the zero vector; it cannot be normalised")
+                centers = MISSING
+        k_default = len(centers) if centers is not MISSING else 3
+        k = sec.take("clusters", integer(1), k_default)
+        sec.take("spread", number(0), 0.1)
+        if k is not MISSING and n is not MISSING and k > n:
+            sec.problem("clusters", f"expected at most n = {n} clusters, got {k}")
+        if k is not MISSING and centers is not MISSING and len(centers) != k:
+            sec.problem("centers", f"expected {k} centres (one per cluster), got {len(centers)}")
+    elif init == "file":
+        if not sec.has("path"):
+            sec.problem("path", "missing (required for init = 'file'): give the path of a "
+                                ".npy, .npz or .csv file")
+        path = _path_value(sec, "path", base_dir, suffixes=(".npy", ".npz", ".csv"))
+        if path is not MISSING:
+            _catch(sec, "path", configurations.from_file, path,
+                   n if n is not MISSING else None, d if d is not MISSING else None)
+    sec.take("noise", number(0), 0.0)
+    sec.take("replicas", integer(1), 1)
+    return sec.out
+
+
+# ----------------------------------------------------------------------------- heads
+
+def _matrix_value(sec: _Section, key: str, d, base_dir: Path, required=False):
+    """A d x d matrix: nested list, or the path of a .npy file (stored absolute)."""
+    if key not in sec.raw:
+        if required:
+            sec.problem(key, "missing (required for kind = 'matrix'): give a d x d nested list "
+                             "or the path of a .npy file")
+        return MISSING
+    if isinstance(sec.raw[key], str):
+        path = _path_value(sec, key, base_dir, suffixes=(".npy",))
+        if path is MISSING:
+            return MISSING
+        try:
+            m = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            sec.problem(key, f"could not read '{path}': {exc}")
+            return MISSING
+        if d is not MISSING and m.shape != (d, d):
+            sec.problem(key, f"'{path}' holds shape {m.shape}, expected ({d}, {d})")
+            return MISSING
+        return np.asarray(m, dtype=np.float64)
+    rows = d if d is not MISSING else None
+    m = sec.take(key, vectors(rows, rows, square=True))
+    return MISSING if m is MISSING else np.asarray(m)
+
+
+def _basis_value(sec: _Section, d, base_dir: Path):
+    if isinstance(sec.raw.get("basis"), str):
+        path = _path_value(sec, "basis", base_dir, suffixes=(".npy",))
+        if path is MISSING:
+            return MISSING
+        try:
+            return np.asarray(np.load(path, allow_pickle=False), dtype=np.float64)
+        except (OSError, ValueError) as exc:
+            sec.problem("basis", f"could not read '{path}': {exc}")
+            return MISSING
+    b = sec.take("basis", vectors(d if d is not MISSING else None))
+    return MISSING if b is MISSING else np.asarray(b)
+
+
+def _head_entry(problems, raw, label: str, form: str, d, base_dir: Path) -> dict:
+    """One head table: ``form`` is "array" ([[heads]]) or "table" ([heads], maybe with count)."""
+    sec = _Section(problems, raw, label, HEAD_KEYS, "heads")
+    if not sec.ok:
+        return sec.out
+    kinds = tuple(KIND_KEYS[form])
+    if form == "array" and sec.raw.get("kind") == "near_orthogonal":
+        sec.problem("kind", "'near_orthogonal' builds several heads together: use one [heads] "
+                            "table with kind = 'near_orthogonal' and count >= 2, not [[heads]]")
+        return sec.out
+    if "kind" not in sec.raw:
+        sec.problem("kind", f"missing (required): give one of {', '.join(map(repr, HEAD_KINDS))}")
+        return sec.out
+    kind = sec.take("kind", choice(*kinds))
+    if kind is MISSING:
+        return sec.out
+    for key in ("count", "strengths"):
+        if form == "array":
+            sec.not_applicable(key, "to a [[heads]] entry (one head each); use a single [heads] "
+                                    "table for several heads built together")
+    other = "table" if form == "array" else "array"
+    for key in KIND_SPECIFIC:
+        if key not in KIND_KEYS[form][kind]:
+            if key in KIND_KEYS[other].get(kind, ()):
+                where = ("a [[heads]] entry (only in a [heads] table with count)" if form == "array"
+                         else "a [heads] table (only in a [[heads]] entry, one head each)")
+                sec.not_applicable(key, f"to kind = '{kind}' in {where}")
+            else:
+                sec.not_applicable(key, f"to kind = '{kind}'")
+
+    count = 1
+    strengths = MISSING
+    if form == "table":
+        given = sec.raw.get("strengths")
+        default_count = len(given) if isinstance(given, list) and given else 1
+        count = sec.take("count", integer(1), default_count)
+        if kind == "near_orthogonal" and count is not MISSING and count < 2:
+            sec.problem("count", f"near_orthogonal needs count >= 2, got {count}")
+            count = MISSING
+        if kind == "matrix" and count is not MISSING and count != 1:
+            sec.problem("count", "kind = 'matrix' makes one head: use one [[heads]] table per "
+                                 f"matrix, got count = {count}")
+            count = MISSING
+    if kind == "matrix":
+        sec.not_applicable("strength", "to kind = 'matrix' (scale the matrix itself)")
+        sec.not_applicable("strengths", "to kind = 'matrix' (scale the matrix itself)")
+    elif form == "table" and sec.has("strengths"):
+        if sec.has("strength"):
+            sec.problem("strengths", "give either strength (all heads) or strengths (one per "
+                                     "head), not both")
+        strengths = sec.take("strengths", number_list(
+            length=count if count is not MISSING else None))
+    else:
+        s = sec.take("strength", number(), 1.0)
+        if s is not MISSING and count is not MISSING:
+            strengths = [s] * count
+    seed = sec.take("seed", integer(0), 0)
+    value = sec.take("value", choice(*VALUES), "aligned")
+    sec.take("value_noise", number(0), 0.0)
+
+    # kind-specific keys, and a trial build to catch impossible geometry
+    ready = d is not MISSING and count is not MISSING and seed is not MISSING
+    if kind == "subspace":
+        if form == "array":
+            if sec.has("block") == sec.has("basis"):
+                sec.problem("block", "give exactly one of block = [start, stop] or basis = "
+                                     "[[...], ...] (a list of vectors or a .npy path)")
+            elif sec.has("block"):
+                block = sec.take("block", int_pair())
+                if block is not MISSING and d is not MISSING and block[1] > d:
+                    sec.problem("block", f"block [{block[0]}, {block[1]}) is out of range: "
+                                         f"stop must be <= d = {d}")
+            else:
+                basis = _basis_value(sec, d, base_dir)
+                if basis is not MISSING and d is not MISSING:
+                    _catch(sec, "basis", head_builders.subspace_basis, d, basis=basis)
+        else:
+            block = sec.take("block", int_pair()) if sec.has("block") else None
+            rank_default = MISSING
+            if block not in (None, MISSING):
+                rank_default = block[1] - block[0]
+            elif d is not MISSING and count is not MISSING:
+                rank_default = d // count
+            if sec.has("rank"):
+                rank = sec.take("rank", integer(1))
+                if rank is not MISSING and block not in (None, MISSING) and \
+                        rank != block[1] - block[0]:
+                    sec.problem("rank", f"rank = {rank} disagrees with block {block} of size "
+                                        f"{block[1] - block[0]}; give one of them")
+                    rank = MISSING
+            elif rank_default is not MISSING and rank_default < 1:
+                sec.problem("count", f"{count} subspace heads do not fit in d = {d} dimensions "
+                                     "(each needs rank >= 1)")
+                rank = MISSING
+            else:
+                rank = rank_default
+                if rank is not MISSING:
+                    sec.out["rank"] = rank
+            if ready and rank is not MISSING and block is not MISSING and strengths is not MISSING:
+                start = block[0] if block else 0
+                _catch(sec, "block" if block else "rank", head_builders.check_subspaces,
+                       d, count, rank, start)
+    elif kind == "near_orthogonal":
+        rank = sec.take("rank", integer(1), 1)
+        angle = sec.take("angle", number(0, 90, lo_open=True), 75.0)
+        if ready and rank is not MISSING and angle is not MISSING:
+            _catch(sec, "count", head_builders.check_near_orthogonal, count, d, rank, angle)
+    elif kind == "random":
+        default_rank = d if d is not MISSING else MISSING
+        rank = sec.take("rank", integer(1), default_rank)
+    elif kind == "matrix":
+        score = _matrix_value(sec, "score", d, base_dir, required=True)
+        if sec.has("value_matrix"):
+            if value == "identity":
+                sec.problem("value", "value = 'identity' conflicts with value_matrix; give one")
+            vm = _matrix_value(sec, "value_matrix", d, base_dir)
+            if vm is not MISSING and score is not MISSING:
+                _catch(sec, "value_matrix", head_builders.matrix, score, vm)
+    # order the resolved entry like HEAD_KEYS
+    return {k: sec.out[k] for k in HEAD_KEYS if k in sec.out}
+
+
+def _heads(problems, raw, d, base_dir: Path):
+    """Resolved heads: a list (array form) or a dict (table form); and the head count."""
+    if raw is MISSING:
+        return [{"kind": "scalar", "strength": 1.0, "seed": 0, "value": "aligned",
+                 "value_noise": 0.0}], 1
+    if isinstance(raw, list):
+        if not raw:
+            problems.append("heads: expected at least one head ([[heads]] tables), got an empty "
+                            "list; omit heads for one scalar head of strength 1")
+            return [], None
+        out = [_head_entry(problems, h, f"[[heads]] #{i}", "array", d, base_dir)
+               for i, h in enumerate(raw)]
+        return out, len(raw)
+    if isinstance(raw, dict):
+        out = _head_entry(problems, raw, "[heads]", "table", d, base_dir)
+        return out, out.get("count")
+    problems.append(f"heads: expected a table [heads] or an array of tables [[heads]], got "
+                    f"{show(raw)} ({_type_name(raw)})")
+    return {}, None
+
+
+# ----------------------------------------------------------------------------- [dynamics]
+
+def steps_from_t_end(t_end: float, dt: float) -> int:
+    """ceil(t_end / dt), tolerant of rounding (1.1 / 0.1 gives 11, not 12)."""
+    r = t_end / dt
+    k = round(r)
+    return max(1, int(k) if abs(r - k) <= 1e-9 * max(1.0, r) else math.ceil(r))
+
+
+def _dynamics(problems, raw, base_dir: Path, replicas) -> dict:
+    sec = _Section(problems, raw, "[dynamics]", DYNAMICS_KEYS, "dynamics")
+    if not sec.ok:
+        return sec.out
+    sec.take("geometry", choice("sphere", "flat"), "sphere")
+    rule = sec.take("rule", string(nonempty=True), "exp")
+    if sec.has("rule_file"):
+        _path_value(sec, "rule_file", base_dir, suffixes=(".py",))
+    elif rule is not MISSING and rule not in BUILTIN_RULES:
+        close = difflib.get_close_matches(rule, BUILTIN_RULES, n=1)
+        hint = f"did you mean '{close[0]}'? Or " if close else ""
+        sec.problem("rule", f"'{rule}' is not a built-in rule ({', '.join(BUILTIN_RULES)}); "
+                            f"{hint}give rule_file = 'my_rule.py' (a Python file that registers "
+                            "it with particles.register_rule)")
+    sec.take("beta", number(0, lo_open=True), 1.0)
+    if sec.has("betas"):
+        betas = sec.take("betas", number_list(0, lo_open=True))
+        if betas is not MISSING and replicas is not MISSING and len(betas) != replicas:
+            sec.problem("betas", f"expected one beta per replica ([tokens] replicas = {replicas}), "
+                                 f"got {len(betas)} values")
+    dt = sec.take("dt", number(0, lo_open=True), 0.01)
+    if sec.has("steps") and sec.has("t_end"):
+        sec.problem("steps", "give either steps or t_end, not both")
+        return sec.out
+    if sec.has("t_end"):
+        t_end = sec.take("t_end", number(0, lo_open=True), store=False)
+        if t_end is not MISSING and dt is not MISSING:
+            sec.out["steps"] = steps_from_t_end(t_end, dt)
+    else:
+        sec.take("steps", integer(1), 1000)
+    sec.take("integrator", choice("rk4", "euler"), "rk4")
+    sec.take("dtype", choice("float32", "float64"), "float32")
+    sec.take("arch", choice("cpu", "gpu", "auto"), "cpu")
+    return {k: sec.out[k] for k in DYNAMICS_KEYS if k in sec.out}
+
+
+# ----------------------------------------------------------------------------- [log]
+
+def _log(problems, raw) -> dict:
+    sec = _Section(problems, raw, "[log]", LOG_KEYS, "log")
+    if not sec.ok:
+        return sec.out
+    sec.take("every", integer(1), 1)
+    sec.take("energy", boolean(), True)
+    sec.take("radial", boolean(), True)
+    sec.take("entropy", boolean(), True)
+    sec.take("entropy_rate", boolean(), False)
+    sec.take("clusters_every", integer(0), 0)
+    sec.take("cluster_threshold", number(-1, 1, lo_open=True, hi_open=True), 0.99)
+    sec.take("trajectory_every", integer(0), 10)
+    return sec.out
+
+
+# ----------------------------------------------------------------------------- [render]
+
+def _render(problems, raw, n_heads, log: dict) -> dict:
+    sec = _Section(problems, raw, "[render]", RENDER_KEYS, "render")
+    if not sec.ok:
+        return sec.out
+    sec.take("enabled", boolean(), True)
+    f = sec.take("file", string(nonempty=True), "animation.mp4")
+    if f is not MISSING and Path(f).suffix not in RENDER_EXTENSIONS:
+        sec.problem("file", f"expected a file name ending in .mp4 or .gif, got {show(f)}")
+    sec.take("frames", integer(1), 150)
+    sec.take("fps", integer(1), 30)
+    sec.take("view", choice(*VIEWS), "auto")
+    color_by = sec.take("color_by", choice(*COLOR_BY), "index")
+    needs = {"cluster": ("clusters_every", "set [log] clusters_every >= 1"),
+             "radial": ("radial", "set [log] radial = true"),
+             "entropy": ("entropy", "set [log] entropy = true")}
+    if color_by in needs:
+        key, fix = needs[color_by]
+        if key in log and not log[key]:
+            sec.problem("color_by", f"'{color_by}' needs the per-token values the log computes: "
+                                    f"{fix}")
+    head = sec.take("color_head", integer(0), 0)
+    if head is not MISSING and n_heads is not None and head >= n_heads:
+        sec.problem("color_head", f"expected a head index in 0..{n_heads - 1} (the scene has "
+                                  f"{n_heads} head{'s' if n_heads != 1 else ''}), got {head}")
+    sec.take("trails", integer(0), 0)
+    sec.take("rotate", boolean(), False)
+    sec.take("projection", choice(*PROJECTIONS), "pca_initial")
+    sec.take("panels", Spec("a list of panel names from " + ", ".join(
+        f"'{p}'" for p in PANELS), _panels), list(PANELS))
+    sec.take("dpi", integer(1), 100)
+    sec.take("width", integer(16), 1280)
+    sec.take("height", integer(16), 720)
+    return sec.out
+
+
+def _panels(v):
+    if not isinstance(v, list) or not all(isinstance(p, str) for p in v):
+        raise _Bad(True)
+    bad = [p for p in v if p not in PANELS]
+    if bad:
+        close = difflib.get_close_matches(bad[0], PANELS, n=1)
+        raise _Bad(False, f"; unknown panel '{bad[0]}'" +
+                   (f" (did you mean '{close[0]}'?)" if close else ""))
+    if len(set(v)) != len(v):
+        raise _Bad(False, "; a panel is listed twice")
+    return list(v)
+
+
+# ----------------------------------------------------------------------------- [output]
+
+def _output(problems, raw) -> dict:
+    sec = _Section(problems, raw, "[output]", OUTPUT_KEYS, "output")
+    if not sec.ok:
+        return sec.out
+    sec.take("dir", string(nonempty=True), "runs")
+    if sec.has("run_dir"):
+        sec.take("run_dir", string(nonempty=True))
+    return sec.out
+
+
+# ----------------------------------------------------------------------------- the scene
+
+def resolve(raw: dict, base_dir: Path, default_name: str) -> tuple[dict, list[str]]:
+    """Resolved scene data and the list of problems (empty when the scene is valid)."""
+    problems: list[str] = []
+    base_dir = Path(base_dir).resolve()
+    for key, value in raw.items():
+        if key not in TOP_KEYS:
+            if isinstance(value, dict):
+                close = difflib.get_close_matches(key, SECTIONS, n=1)
+                hint = f"; did you mean [{close[0]}]?" if close else \
+                    f" (sections: {', '.join(f'[{s}]' for s in SECTIONS)})"
+                problems.append(f"unknown section [{key}]{hint}")
+            else:
+                problems.append(f"unknown top-level key '{key}'{_suggest(key, TOP_KEYS, '')}")
+
+    data: dict = {}
+    top = _Section(problems, {k: v for k, v in raw.items() if k in ("name", "description")},
+                   "top level", ("name", "description"), "")
+    top.label = "top-level"
+    name = top.take("name", string(nonempty=True), default_name)
+    if name is not MISSING and any(c in name for c in "/\\"):
+        top.problem("name", f"must not contain '/' or '\\' (it names the run folder), got "
+                            f"{show(name)}")
+    top.take("description", string(), "")
+    data.update(top.out)
+
+    tokens = _tokens(problems, raw.get("tokens", {}), base_dir)
+    data["tokens"] = tokens
+    d = tokens.get("d", MISSING)
+    heads, n_heads = _heads(problems, raw.get("heads", MISSING), d, base_dir)
+    data["heads"] = heads
+    data["dynamics"] = _dynamics(problems, raw.get("dynamics", {}), base_dir,
+                                 tokens.get("replicas", MISSING))
+    data["log"] = _log(problems, raw.get("log", {}))
+    data["render"] = _render(problems, raw.get("render", {}), n_heads, data["log"])
+    data["output"] = _output(problems, raw.get("output", {}))
+    return data, problems
+
+
+def all_keys() -> dict[str, tuple[str, ...]]:
+    """Every key of every section (for the README and its test)."""
+    return {"top level": ("name", "description"), **SECTION_KEYS}
