@@ -1,0 +1,20 @@
+"""Every bundled scene loads, validates and runs a few steps headless."""
+import numpy as np
+import pytest
+
+from particles.output import load_log
+from particles.run import run_scene
+from scenes import bundled_scenes, load_scene
+
+
+@pytest.mark.parametrize("name", sorted(bundled_scenes()))
+def test_bundled_scene_runs_a_few_steps(name, tmp_path):
+    scene = load_scene(name)
+    scene.data["dynamics"]["steps"] = 4
+    scene.data["log"]["every"] = 1
+    result = run_scene(scene, tmp_path / name, render=False, progress=False, echo=lambda *a: None)
+    assert result.status == "completed", result.message
+    log = load_log(result.log)
+    assert list(log["step"]) == [0, 1, 2, 3, 4]
+    assert np.all(np.isfinite(log["gamma_bar"]))
+    assert (tmp_path / name / "scene.toml").is_file()

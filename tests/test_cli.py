@@ -1,0 +1,67 @@
+"""The command line end to end, in subprocesses as a user runs it."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from particles.output import load_log, load_trajectory
+
+
+def particles_cli(*args, cwd=None, timeout=300):
+    env = dict(os.environ, MPLBACKEND="Agg")
+    return subprocess.run([sys.executable, "-m", "particles", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, timeout=timeout, env=env)
+
+
+def test_run_bundled_scene_end_to_end(tmp_path):
+    out = tmp_path / "qs"
+    proc = particles_cli("run", "quickstart", "--out", out, "--steps", 60, "--set", "dynamics.beta=2.5",
+                         "--set", "render.frames=6", "--set", "render.width=480", "--set", "render.height=270")
+    assert proc.returncode == 0, proc.stderr
+    assert "run completed: 60/60 steps on arch cpu" in proc.stdout
+    for name in ("log.csv", "scene.toml", "run.json", "animation.mp4"):
+        assert (out / name).is_file(), name
+    log = load_log(out)
+    assert log["step"][0] == 0 and log["step"][-1] == 60
+    steps, times, tokens, meta = load_trajectory(out)
+    assert tokens.shape[1:] == (64, 3) and steps[-1] == 60
+    run = json.loads((out / "run.json").read_text())
+    assert run["arch"] == "cpu" and run["seed"] == 0 and run["versions"]["taichi"]
+    resolved = (out / "scene.toml").read_text()
+    assert "beta = 2.5" in resolved  # the --set override reached the run
+    assert meta["beta"] == [2.5]
+
+
+def test_user_error_exits_2_with_message_and_no_traceback(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[tokens]\nn = 8\nd = 3\n[dynamics]\nbeeta = 2.0\n")
+    proc = particles_cli("run", bad, "--out", tmp_path / "r")
+    assert proc.returncode == 2
+    assert "did you mean 'beta'" in proc.stderr and "bad.toml" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = particles_cli("run", "no_such_scene_anywhere")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_scenes_show_new(tmp_path):
+    proc = particles_cli("scenes")
+    assert proc.returncode == 0 and "quickstart" in proc.stdout
+    proc = particles_cli("show", "quickstart", "--set", "tokens.n=32")
+    assert proc.returncode == 0 and "n = 32" in proc.stdout and "[dynamics]" in proc.stdout
+    proc = particles_cli("new", "mine", cwd=tmp_path)
+    assert proc.returncode == 0 and (tmp_path / "mine.toml").is_file()
+    proc = particles_cli("run", "mine.toml", "--steps", 5, "--no-render", "--out", "r", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    proc = particles_cli("new", "mine", cwd=tmp_path)
+    assert proc.returncode == 2 and "already exists" in proc.stderr
+
+
+def test_help_lists_commands():
+    proc = particles_cli("--help")
+    assert proc.returncode == 0
+    for command in ("run", "resume", "scenes", "show", "new", "render", "plot"):
+        assert command in proc.stdout
