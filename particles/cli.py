@@ -69,7 +69,7 @@ def cmd_resume(args) -> int:
     run_dir = Path(args.run_dir)
     if not (run_dir / "scene.toml").is_file():
         raise UserError(f"{str(run_dir)!r} is not a run directory (no scene.toml in it)")
-    result = resume_run(run_dir, render=not args.no_render, progress=not args.quiet,
+    result = resume_run(run_dir, steps=args.steps, render=not args.no_render, progress=not args.quiet,
                         checkpoint_every=args.checkpoint_every or 0, echo=print)
     _print_summary(result)
     return 0 if result.status == "completed" else (2 if result.status == "blow-up" else 130)
@@ -92,7 +92,8 @@ def _print_summary(result) -> None:
                   f"{'yes' if s['condition8_held'] else 'no'} (max rho per head: "
                   + ", ".join(f"{r:.3g}" for r in s["max_radial_dominance"]) + ")",
                   f"  per-head energies monotone: "
-                  + ", ".join(f"h{h} {'yes' if m else 'no'}" for h, m in enumerate(mono))]
+                  + ", ".join(f"h{h} {'n/a (no potential)' if m is None else 'yes' if m else 'no'}"
+                               for h, m in enumerate(mono))]
     if result.message:
         lines.append("  " + result.message)
     print("\n".join(lines))
@@ -180,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("resume", help="continue a run from its last checkpoint")
     p.add_argument("run_dir")
+    p.add_argument("--steps", type=_positive_int, metavar="N",
+                   help="new total number of steps (extends a finished run)")
     p.add_argument("--no-render", action="store_true", help="skip the video of the continuation")
     p.add_argument("--checkpoint-every", type=_positive_int, metavar="N")
     p.add_argument("--quiet", action="store_true")

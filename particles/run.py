@@ -238,7 +238,7 @@ class Runner:
         state = {"step": self.sim.step_count, "log_rows": self.log.rows_written,
                  "trajectory_chunk": self.traj.next_chunk if self.traj else 0,
                  "summary": self.summary.as_dict()}
-        np.savez(buf, tokens=self.sim.x.to_numpy(), state=np.array(json.dumps(state)))
+        np.savez(buf, tokens=self.sim.native_tokens(), state=np.array(json.dumps(state)))
         path = self.run_dir / CHECKPOINT
         if path.exists():
             path.replace(self.run_dir / ("previous-" + CHECKPOINT))
@@ -308,6 +308,10 @@ class Runner:
             log = {k: np.asarray(v) for k, v in self.panel_history.items()}
             self.anim.add_frame(x0, s * sim.dt, log, token_values=values)
 
+    def _state_tokens(self) -> np.ndarray:
+        x = self.sim.native_tokens()
+        return x if self.sim.ensemble else x[0]
+
     def _wants_tokens(self, s: int) -> bool:
         return bool((self.traj and s % self.traj_every == 0)
                     or (self.clusters_every and s % self.clusters_every == 0)
@@ -332,7 +336,7 @@ class Runner:
             try:
                 while sim.step_count < self.steps_total:
                     s = sim.step_count
-                    tokens = sim.tokens if self._wants_tokens(s) else None
+                    tokens = self._state_tokens() if self._wants_tokens(s) else None
                     sim.advance(1, observe_every=self.log_every)
                     self._events_at(s, tokens)
                     if sim.step_count % check_every == 0:
@@ -349,10 +353,12 @@ class Runner:
                         self.write_checkpoint()
                 # the final state
                 sim.check_finite()
+                if self.checkpoint_every and sim.step_count % self.checkpoint_every:
+                    self.write_checkpoint()  # lets `particles resume --steps` extend a finished run
                 s = sim.step_count
                 if s % self.log_every == 0:
                     sim.observe()
-                self._events_at(s, sim.tokens if self._wants_tokens(s) else None)
+                self._events_at(s, self._state_tokens() if self._wants_tokens(s) else None)
                 self._drain_rows()
             except (KeyboardInterrupt, _Interrupted):
                 status = "interrupted"
@@ -390,12 +396,18 @@ def run_scene(scene, out: str | Path | None = None, *, render: bool = True, prog
                   checkpoint_every=checkpoint_every, echo=echo).run()
 
 
-def resume_run(run_dir: str | Path, *, render: bool = True, progress: bool = True,
-               checkpoint_every: int = 0, echo=print) -> RunResult:
-    """Continue a run from its last checkpoint, appending to its log and trajectory."""
+def resume_run(run_dir: str | Path, *, steps: int | None = None, render: bool = True,
+               progress: bool = True, checkpoint_every: int = 0, echo=print) -> RunResult:
+    """Continue a run from its last checkpoint, appending to its log and trajectory.
+
+    steps: a new total number of steps (to extend a finished run); default the scene's.
+    """
     from scenes import load_scene
     run_dir = Path(run_dir)
     scene = load_scene(run_dir / "scene.toml")
+    if steps is not None:
+        scene.data["dynamics"]["steps"] = int(steps)
+        scene.save(run_dir / "scene.toml")
     runner = Runner(scene, run_dir, render=render, progress=progress,
                     checkpoint_every=checkpoint_every, echo=echo, resume=True)
     return runner.run()

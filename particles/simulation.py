@@ -186,6 +186,10 @@ class Simulation:
         x = self.x.to_numpy().astype(np.float64)
         return x if self.ensemble else x[0]
 
+    def native_tokens(self) -> np.ndarray:
+        """Current tokens in the simulation's own dtype, always (R, n, d): exact for saving."""
+        return self.x.to_numpy()
+
     def set_tokens(self, tokens, step: int | None = None) -> None:
         """Replace the state (e.g. from a checkpoint); exact for arrays of this dtype."""
         x = np.asarray(tokens)

@@ -628,6 +628,9 @@ def _render(problems, raw, n_heads, log: dict) -> dict:
     f = sec.take("file", string(nonempty=True), "animation.mp4")
     if f is not MISSING and Path(f).suffix not in RENDER_EXTENSIONS:
         sec.problem("file", f"expected a file name ending in .mp4 or .gif, got {show(f)}")
+    elif f is not MISSING and isinstance(f, str) and (Path(f).name != f or f in (".", "..")):
+        sec.problem("file", f"expected a plain file name (the video is written inside the run "
+                            f"directory), got {show(f)}")
     sec.take("frames", integer(1), 150)
     sec.take("fps", integer(1), 30)
     sec.take("view", choice(*VIEWS), "auto")
