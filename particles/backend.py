@@ -6,6 +6,9 @@ was asked for and is not there is an error, never a silent fallback to CPU.
 """
 from __future__ import annotations
 
+import contextlib
+import io
+
 import taichi as ti
 
 ARCH_CHOICES = ("cpu", "gpu", "auto")
@@ -36,10 +39,16 @@ def init(arch: str = "cpu") -> str:
     # default_fp=f64 keeps Python float literals exact in float64 kernels; float32
     # kernels cast their constants explicitly (see kernels.py).
     options = dict(default_fp=ti.f64, offline_cache=True, log_level=ti.WARN, unrolling_limit=0)
-    if arch == "cpu":
-        ti.init(arch=ti.cpu, **options)
-    else:
-        ti.init(arch=ti.gpu, **options)
+    with contextlib.redirect_stdout(io.StringIO()):  # "[Taichi] Starting on arch=...": we report it
+        if arch == "cpu":
+            ti.init(arch=ti.cpu, **options)
+        else:
+            # ti.gpu (and enable_fallback=False) segfault inside Taichi 1.7 where no GPU driver
+            # exists; CUDA then Vulkan fall back to CPU cleanly, and we check what was chosen.
+            for gpu in (ti.cuda, ti.vulkan):
+                ti.init(arch=gpu, **options)
+                if _arch_name(ti.lang.impl.current_cfg().arch) != "cpu":
+                    break
     running = _arch_name(ti.lang.impl.current_cfg().arch)
     if arch == "gpu" and running == "cpu":
         raise ArchError("arch 'gpu' was requested but no CUDA/Vulkan/Metal device is usable "

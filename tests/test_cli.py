@@ -65,3 +65,11 @@ def test_help_lists_commands():
     assert proc.returncode == 0
     for command in ("run", "resume", "scenes", "show", "new", "render", "plot"):
         assert command in proc.stdout
+
+
+def test_gpu_request_without_gpu_is_an_error_not_a_fallback(tmp_path):
+    proc = particles_cli("run", "quickstart", "--arch", "gpu", "--steps", 2, "--no-render", "--out", tmp_path / "g")
+    if proc.returncode == 0:
+        assert "on arch cuda" in proc.stdout or "on arch vulkan" in proc.stdout  # a GPU machine
+    else:
+        assert proc.returncode == 2 and "no CUDA/Vulkan" in proc.stderr and "Traceback" not in proc.stderr
