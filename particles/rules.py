@@ -63,6 +63,7 @@ _REGISTRY: dict[str, Rule] = {
     "relu": Rule("relu", _relu, "mean", _relu_potential),
 }
 BUILTIN_RULES = tuple(_REGISTRY)
+_LOADED_FILES: dict[Path, list[str]] = {}
 
 
 def register_rule(name: str, kernel: Callable, normalization: str = "softmax",
@@ -113,10 +114,13 @@ def load_rule_file(path: str | Path) -> list[str]:
     path = Path(path).resolve()
     if not path.is_file():
         raise FileNotFoundError(f"rule file {str(path)!r} does not exist")
+    if path in _LOADED_FILES:  # executing it again would re-register its rules
+        return _LOADED_FILES[path]
     before = set(_REGISTRY)
     module_name = f"particles_user_rules_{abs(hash(str(path)))}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
-    return sorted(set(_REGISTRY) - before)
+    _LOADED_FILES[path] = sorted(set(_REGISTRY) - before)
+    return _LOADED_FILES[path]
