@@ -71,7 +71,7 @@ def test_malformed_toml_text_is_a_scene_error(text):
 
 
 valid_scenes = st.fixed_dictionaries({
-    "tokens": st.fixed_dictionaries({"n": st.integers(2, 7), "d": st.integers(2, 5),
+    "tokens": st.fixed_dictionaries({"n": st.integers(3, 7), "d": st.integers(2, 5),  # clusters: 3 by default
                                      "init": st.sampled_from(["random", "clusters"]), "seed": st.integers(0, 9),
                                      "replicas": st.integers(1, 2)}),
     "heads": st.fixed_dictionaries({"kind": st.sampled_from(["scalar", "random_symmetric", "random"]),
