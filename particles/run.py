@@ -92,16 +92,6 @@ class Summary:
         }
 
 
-def _head_bases(heads) -> list[np.ndarray]:
-    """An orthonormal basis of each head's score range (for the per-head view)."""
-    bases = []
-    for head in heads:
-        u, s, _ = np.linalg.svd(head.score)
-        keep = s > 1e-9 * max(s[0], 1e-300)
-        bases.append(u[:, keep] if keep.any() else u[:, :1])
-    return bases
-
-
 def _versions() -> dict:
     import taichi
     return {"particles": __version__, "taichi": ".".join(map(str, taichi.__version__)),
@@ -194,18 +184,16 @@ class Runner:
 
     # -- setup helpers ------------------------------------------------------------------------
     def _open_animation(self, resume: bool):
-        from render import Animation, RenderConfig, RunInfo
-        rc = self.rendercfg
-        cfg = RenderConfig(view=rc.get("view", "auto"), color_by=rc.get("color_by", "index"),
-                           color_head=rc.get("color_head", 0), trails=rc.get("trails", 0),
-                           rotate=rc.get("rotate", False), projection=rc.get("projection", "pca_initial"),
-                           panels=tuple(rc.get("panels", ("energy", "radial_dominance", "entropy"))),
-                           fps=rc.get("fps", 30), dpi=rc.get("dpi", 100),
-                           width=rc.get("width", 1280), height=rc.get("height", 720))
+        from render import Animation
+        from render.rerender import render_config, run_info
         sim = self.sim
-        info = RunInfo(name=self.scene.name, beta=float(sim.betas[0]), rule=sim.rule.name,
-                       n_heads=sim.n_heads, n=sim.n, d=sim.d, geometry=sim.geometry,
-                       head_bases=_head_bases(sim.heads))
+        projection = self.rendercfg.get("projection", "pca_initial")
+        if projection == "pca_final":  # the final tokens do not exist yet during a live run
+            self.echo("render: projection 'pca_final' needs the finished run; the live video uses "
+                      "'pca_initial' (re-render with `particles render RUN_DIR` afterwards)")
+            projection = "pca_initial"
+        cfg = render_config(self.rendercfg, projection=projection)
+        info = run_info(self.scene, sim.heads, sim.betas[0])
         path = self.video_path
         if resume:  # a video cannot be appended to: the continuation goes to its own file
             k = 1
