@@ -73,3 +73,19 @@ def test_gpu_request_without_gpu_is_an_error_not_a_fallback(tmp_path):
         assert "on arch cuda" in proc.stdout or "on arch vulkan" in proc.stdout  # a GPU machine
     else:
         assert proc.returncode == 2 and "no CUDA/Vulkan" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_render_and_plot_a_finished_run(tmp_path):
+    out = tmp_path / "run"
+    proc = particles_cli("run", "quickstart", "--out", out, "--steps", 20, "--no-render", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    proc = particles_cli("render", out, "--out", out / "again.gif", "--color-by", "entropy", "--view", "pca")
+    assert proc.returncode == 0, proc.stderr
+    import imageio.v3 as iio
+    frames = iio.imread(out / "again.gif", index=None)
+    steps, _, _, _ = load_trajectory(out)
+    assert frames.shape[0] == len(steps)
+    proc = particles_cli("plot", out)
+    assert proc.returncode == 0 and (out / "summary.png").is_file() and (out / "summary.svg").is_file()
+    proc = particles_cli("render", tmp_path)  # not a run directory
+    assert proc.returncode == 2 and "not a run directory" in proc.stderr

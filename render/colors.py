@@ -1,0 +1,207 @@
+"""Token colours: by index, by cluster, or by a per-token observable with a colour bar."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize, to_rgba_array
+
+from .config import RenderConfig, RunInfo
+
+SINGLETON_GREY = (0.55, 0.55, 0.55, 1.0)
+NAN_GREY = (0.75, 0.75, 0.75, 1.0)
+
+
+def lch_to_rgb(lightness, chroma, hue_deg) -> np.ndarray:
+    """CIE L*C*h (D65) to sRGB in [0, 1] (clipped to the gamut); broadcasts, returns (..., 3)."""
+    L = np.asarray(lightness, float)
+    h = np.deg2rad(np.asarray(hue_deg, float))
+    a = chroma * np.cos(h)
+    b = chroma * np.sin(h)
+    fy = (L + 16.0) / 116.0
+    fx = fy + a / 500.0
+    fz = fy - b / 200.0
+
+    def finv(f):
+        return np.where(f > 6.0 / 29.0, f ** 3, 3 * (6.0 / 29.0) ** 2 * (f - 4.0 / 29.0))
+
+    X = 0.95047 * finv(fx)
+    Y = 1.00000 * finv(fy)
+    Z = 1.08883 * finv(fz)
+    xyz = np.stack(np.broadcast_arrays(X, Y, Z), axis=-1)
+    m = np.array([[3.2404542, -1.5371385, -0.4985314],
+                  [-0.9692660, 1.8760108, 0.0415560],
+                  [0.0556434, -0.2040259, 1.0572252]])
+    lin = np.clip(xyz @ m.T, 0.0, 1.0)
+    return np.where(lin <= 0.0031308, 12.92 * lin, 1.055 * lin ** (1 / 2.4) - 0.055)
+
+
+def index_colors(n: int) -> np.ndarray:
+    """(n, 4) RGBA: a qualitative palette for n <= 10, else a perceptual cyclic hue wheel
+    (constant CIE lightness and chroma, so no token stands out by brightness)."""
+    if n <= 10:
+        return to_rgba_array(colormaps["tab10"].colors[:n])
+    hues = 360.0 * np.arange(n) / n + 20.0
+    rgb = lch_to_rgb(58.0, 62.0, hues)
+    return np.concatenate([rgb, np.ones((n, 1))], axis=1)
+
+
+def qualitative_palette(k: int) -> np.ndarray:
+    """(k, 4) RGBA distinct colours: tab10 without its grey, then golden-angle hues."""
+    base = [c for i, c in enumerate(colormaps["tab10"].colors) if i != 7]
+    cols = to_rgba_array(base)
+    if k <= len(cols):
+        return cols[:k]
+    extra = k - len(cols)
+    j = np.arange(extra)
+    hues = (137.50776 * j + 15.0) % 360.0
+    light = np.where(j % 2 == 0, 50.0, 68.0)
+    rgb = lch_to_rgb(light, 55.0, hues)
+    return np.concatenate([cols, np.concatenate([rgb, np.ones((extra, 1))], axis=1)])
+
+
+def head_color(h: int):
+    """Colour of head h in the time-series panels."""
+    return colormaps["tab10"].colors[h % 10]
+
+
+def leader_clusters(tokens: np.ndarray, threshold: float = 0.99) -> np.ndarray:
+    """Greedy leader clustering: the first unassigned token leads a cluster of all unassigned
+    tokens with cosine similarity > threshold to it. Labels 0, 1, ... in order of the leaders'
+    indices. O(n * clusters * d)."""
+    x = np.asarray(tokens, float)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    x = np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)
+    n = x.shape[0]
+    labels = np.full(n, -1, dtype=np.int64)
+    remaining = np.arange(n)
+    k = 0
+    while remaining.size:
+        leader = remaining[0]
+        sims = x[remaining] @ x[leader]
+        members = sims > threshold
+        members[0] = True
+        labels[remaining[members]] = k
+        remaining = remaining[~members]
+        k += 1
+    return labels
+
+
+def cluster_colors(labels: np.ndarray) -> np.ndarray:
+    """(n, 4) RGBA: clusters with >= 2 members get palette colours in order of their smallest
+    member index (stable while clusters merge); singletons and negative labels are grey."""
+    labels = np.asarray(labels).astype(np.int64, copy=False).ravel()
+    n = labels.size
+    out = np.tile(np.array(SINGLETON_GREY), (n, 1))
+    valid = labels >= 0
+    if not valid.any():
+        return out
+    uniq, first, inverse, counts = np.unique(labels[valid], return_index=True, return_inverse=True,
+                                             return_counts=True)
+    order = np.argsort(first, kind="stable")          # clusters by smallest member index
+    multi = counts[order] >= 2
+    rank = np.full(uniq.size, -1)
+    rank[order[multi]] = np.arange(int(multi.sum()))
+    pal = qualitative_palette(max(int(multi.sum()), 1))
+    r = rank[inverse]
+    idx = np.flatnonzero(valid)
+    has = r >= 0
+    out[idx[has]] = pal[r[has]]
+    return out
+
+
+class TokenColorizer:
+    """Turns a frame's tokens (and optional per-token values) into (n, 4) RGBA colours.
+
+    For "radial"/"entropy" the colour limits are fixed for the whole video: config.color_limits,
+    else set from the first frame with a margin (entropy's upper limit is the ceiling ln n)."""
+
+    def __init__(self, config: RenderConfig, info: RunInfo):
+        self.mode = config.color_by
+        self.info = info
+        self.head = config.color_head
+        self.limits = config.color_limits
+        self.mappable: ScalarMappable | None = None
+        self._index = index_colors(info.n)
+        if self.mode in ("radial", "entropy"):
+            self.key = f"{self.mode}_h{self.head}"
+            self.cmap = colormaps["viridis"] if self.mode == "entropy" else colormaps["plasma"]
+            self.cmap = self.cmap.with_extremes(bad=NAN_GREY)
+        else:
+            self.key = None
+
+    @property
+    def label(self) -> str:
+        if self.mode == "radial":
+            return f"radial shadow $a^{{{self.head}}}_i$ (head {self.head})"
+        if self.mode == "entropy":
+            return f"attention entropy $H^{{{self.head}}}_i$ (head {self.head})"
+        return ""
+
+    def _values(self, token_values: Mapping[str, np.ndarray] | None) -> np.ndarray:
+        if token_values is None or self.key not in token_values:
+            have = sorted(token_values) if token_values else []
+            raise ValueError(f"color_by={self.mode!r} needs token_values[{self.key!r}] "
+                             f"(per-token array of length n={self.info.n}); got keys {have}")
+        v = np.asarray(token_values[self.key], float).ravel()
+        if v.size != self.info.n:
+            raise ValueError(f"token_values[{self.key!r}] has {v.size} values, expected n={self.info.n}")
+        return v
+
+    def prepare(self, tokens: np.ndarray, token_values) -> None:
+        """Called once with the first frame: fixes the colour limits and builds the colour bar's mappable."""
+        if self.key is None:
+            return
+        v = self._values(token_values)
+        if self.limits is None:
+            self.limits = self._auto_limits(v)
+        if self.mode == "radial" and self.limits[0] < 0 < self.limits[1]:
+            m = max(-self.limits[0], self.limits[1])
+            self.limits = (-m, m)
+            self.cmap = colormaps["RdBu_r"].with_extremes(bad=NAN_GREY)
+        self.norm = Normalize(*self.limits, clip=False)
+        self.mappable = ScalarMappable(norm=self.norm, cmap=self.cmap)
+        self.mappable.set_array(np.array(self.limits))
+
+    def _auto_limits(self, v: np.ndarray) -> tuple[float, float]:
+        fin = v[np.isfinite(v)]
+        if fin.size == 0:
+            lo, hi = 0.0, 1.0
+        else:
+            lo, hi = float(fin.min()), float(fin.max())
+        span = hi - lo
+        if span <= 1e-12 * max(1.0, abs(hi)):
+            span = max(abs(hi), 1.0) * 0.5
+        lo, hi = lo - 0.25 * span, hi + 0.25 * span
+        if self.mode == "entropy":
+            lo = max(lo, 0.0)
+            hi = max(self.info.log_n, lo + 1e-6) if self.info.log_n > 0 else max(hi, lo + 1.0)
+        return lo, hi
+
+    def colors(self, tokens: np.ndarray, token_values: Mapping[str, np.ndarray] | None) -> np.ndarray:
+        if self.mode == "index":
+            return self._index
+        if self.mode == "cluster":
+            if token_values is not None and "cluster" in token_values:
+                labels = np.asarray(token_values["cluster"]).ravel()
+                if labels.size != self.info.n:
+                    raise ValueError(f"token_values['cluster'] has {labels.size} labels, expected n={self.info.n}")
+            else:
+                labels = leader_clusters(tokens)
+            return cluster_colors(labels)
+        v = self._values(token_values)
+        return self.cmap(self.norm(np.ma.masked_invalid(v)))
+
+
+def blend(colors: np.ndarray, target, amount: float) -> np.ndarray:
+    """Mix RGBA colours toward an RGB target by `amount` in [0, 1] (alpha kept)."""
+    out = colors.copy()
+    out[:, :3] = (1.0 - amount) * colors[:, :3] + amount * np.asarray(target[:3])
+    return out
+
+
+__all__ = ["TokenColorizer", "index_colors", "qualitative_palette", "leader_clusters",
+           "cluster_colors", "head_color", "lch_to_rgb", "blend"]

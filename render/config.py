@@ -1,0 +1,190 @@
+"""Settings of a rendered video (`RenderConfig`) and facts about the run (`RunInfo`).
+
+Both validate their values on construction and raise `ValueError` with a message
+that names the field and the allowed values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+VIEWS = ("auto", "circle", "sphere", "pca", "heads")
+COLOR_BY = ("index", "cluster", "radial", "entropy")
+PROJECTIONS = ("pca_initial", "pca_final")
+PANELS = ("energy", "radial_dominance", "entropy")
+GEOMETRIES = ("sphere", "flat")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+
+
+@dataclass
+class RenderConfig:
+    """How to draw a video.
+
+    view        "auto" (circle for d=2, sphere for d=3, pca for d>3), "circle", "sphere",
+                "pca" or "heads" (one panel per head, tokens projected on its subspace).
+    color_by    "index", "cluster", "radial" (per-token radial shadow a^h_i of head
+                `color_head`) or "entropy" (per-token attention entropy H^h_i).
+    color_head  head whose per-token observable colours the tokens.
+    trails      number of past frames drawn as fading trails (0 = none).
+    rotate      slowly turn the camera (3-D views).
+    projection  "pca_initial", "pca_final" (needs the final tokens, passed to
+                `Animation(..., final_tokens=...)`) or a (d x 2) / (d x 3) basis array.
+    panels      time-series panels beside the particles, drawn when their log
+                columns exist: "energy", "radial_dominance", "entropy".
+    fps         frames per second of the video.
+    width, height  frame size in pixels (an odd size is padded to even for .mp4).
+    dpi         text and line scale at 1280x720 (points -> pixels); frames smaller than
+                that scale it down by min(1, width/1280, height/720) ** 0.7 so the layout fits.
+    color_limits  fixed (low, high) for the colour bar of "radial"/"entropy";
+                None = from the first frame with a margin.
+    """
+
+    view: str = "auto"
+    color_by: str = "index"
+    color_head: int = 0
+    trails: int = 0
+    rotate: bool = False
+    projection: Any = "pca_initial"
+    panels: Sequence[str] = ("energy", "radial_dominance", "entropy")
+    fps: float = 30
+    dpi: int = 100
+    width: int = 1280
+    height: int = 720
+    color_limits: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        if self.view not in VIEWS:
+            raise ValueError(f"RenderConfig.view must be one of {VIEWS}, got {self.view!r}")
+        if self.color_by not in COLOR_BY:
+            raise ValueError(f"RenderConfig.color_by must be one of {COLOR_BY}, got {self.color_by!r}")
+        if not _is_int(self.color_head) or self.color_head < 0:
+            raise ValueError(f"RenderConfig.color_head must be an integer >= 0, got {self.color_head!r}")
+        if not _is_int(self.trails) or self.trails < 0:
+            raise ValueError(f"RenderConfig.trails must be an integer >= 0, got {self.trails!r}")
+        if not isinstance(self.rotate, (bool, np.bool_)):
+            raise ValueError(f"RenderConfig.rotate must be True or False, got {self.rotate!r}")
+        self.rotate = bool(self.rotate)
+        if isinstance(self.projection, str):
+            if self.projection not in PROJECTIONS:
+                raise ValueError(
+                    f"RenderConfig.projection must be one of {PROJECTIONS} or a (d x 2) / (d x 3) "
+                    f"basis array, got {self.projection!r}")
+        else:
+            try:
+                basis = np.array(self.projection, dtype=float)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"RenderConfig.projection is neither a name nor a numeric array: {exc}") from None
+            if basis.ndim != 2 or basis.shape[1] not in (2, 3) or basis.shape[0] < basis.shape[1]:
+                raise ValueError(
+                    "RenderConfig.projection as an array must have shape (d, 2) or (d, 3) with d >= columns, "
+                    f"got shape {basis.shape}")
+            if not np.all(np.isfinite(basis)):
+                raise ValueError("RenderConfig.projection contains non-finite values")
+            if np.linalg.matrix_rank(basis) < basis.shape[1]:
+                raise ValueError("RenderConfig.projection basis columns are linearly dependent")
+            self.projection = basis
+        if isinstance(self.panels, str):
+            raise ValueError(f"RenderConfig.panels must be a sequence of names from {PANELS}, "
+                             f"got the string {self.panels!r} (write ({self.panels!r},))")
+        panels = tuple(self.panels)
+        for p in panels:
+            if p not in PANELS:
+                raise ValueError(f"RenderConfig.panels: unknown panel {p!r}; allowed: {PANELS}")
+        if len(set(panels)) != len(panels):
+            raise ValueError(f"RenderConfig.panels has duplicates: {panels}")
+        self.panels = panels
+        if not _is_real(self.fps) or not (0 < self.fps <= 240) or not math.isfinite(self.fps):
+            raise ValueError(f"RenderConfig.fps must be a number in (0, 240], got {self.fps!r}")
+        if not _is_int(self.dpi) or not (10 <= self.dpi <= 1000):
+            raise ValueError(f"RenderConfig.dpi must be an integer in [10, 1000], got {self.dpi!r}")
+        for name in ("width", "height"):
+            v = getattr(self, name)
+            if not _is_int(v) or not (64 <= v <= 8192):
+                raise ValueError(f"RenderConfig.{name} must be an integer number of pixels in [64, 8192], got {v!r}")
+        if self.color_limits is not None:
+            try:
+                lo, hi = (float(v) for v in self.color_limits)
+            except (TypeError, ValueError):
+                raise ValueError(f"RenderConfig.color_limits must be (low, high) or None, got {self.color_limits!r}") from None
+            if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+                raise ValueError(f"RenderConfig.color_limits needs finite low < high, got {self.color_limits!r}")
+            self.color_limits = (lo, hi)
+
+
+@dataclass
+class RunInfo:
+    """Facts about the simulated run, shown in the title and used for the layout.
+
+    head_bases: optional list, one per head, of (d x k) arrays whose k columns are an
+    orthonormal basis of that head's subspace, most important direction first (needed by
+    view="heads": k = 3 is drawn in 3-D, otherwise the first 2 columns; k = 1 is completed
+    with the tokens' main direction orthogonal to it).
+    t_end: the run's final time if known (fixes the panels' time axis).
+    """
+
+    name: str
+    beta: float
+    rule: str
+    n_heads: int
+    n: int
+    d: int
+    geometry: str = "sphere"
+    head_bases: list | None = None
+    t_end: float | None = None
+    log_n: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ValueError(f"RunInfo.name must be a string, got {self.name!r}")
+        if not isinstance(self.rule, str):
+            raise ValueError(f"RunInfo.rule must be a string, got {self.rule!r}")
+        if not _is_real(self.beta) or not math.isfinite(float(self.beta)):
+            raise ValueError(f"RunInfo.beta must be a finite number, got {self.beta!r}")
+        self.beta = float(self.beta)
+        for name, low in (("n_heads", 1), ("n", 1), ("d", 2)):
+            v = getattr(self, name)
+            if not _is_int(v) or v < low:
+                raise ValueError(f"RunInfo.{name} must be an integer >= {low}, got {v!r}")
+            setattr(self, name, int(v))
+        if self.geometry not in GEOMETRIES:
+            raise ValueError(f"RunInfo.geometry must be one of {GEOMETRIES}, got {self.geometry!r}")
+        if self.t_end is not None:
+            if not _is_real(self.t_end) or not (math.isfinite(float(self.t_end)) and self.t_end > 0):
+                raise ValueError(f"RunInfo.t_end must be a positive number or None, got {self.t_end!r}")
+            self.t_end = float(self.t_end)
+        if self.head_bases is not None:
+            bases = list(self.head_bases)
+            if len(bases) != self.n_heads:
+                raise ValueError(f"RunInfo.head_bases has {len(bases)} bases for n_heads={self.n_heads}")
+            checked = []
+            for h, b in enumerate(bases):
+                b = np.array(b, dtype=float)
+                if b.ndim == 1 and b.shape[0] == self.d:
+                    b = b[:, None]
+                if b.ndim != 2 or b.shape[0] != self.d or not (1 <= b.shape[1] <= self.d):
+                    raise ValueError(
+                        f"RunInfo.head_bases[{h}] must have shape (d={self.d}, k) with 1 <= k <= d, got {b.shape}")
+                gram = b.T @ b
+                if not np.allclose(gram, np.eye(b.shape[1]), atol=1e-4):
+                    raise ValueError(f"RunInfo.head_bases[{h}] columns are not orthonormal "
+                                     f"(max |B^T B - I| = {np.abs(gram - np.eye(b.shape[1])).max():.2g})")
+                checked.append(b)
+            self.head_bases = checked
+        self.log_n = math.log(self.n)
+
+    def title(self) -> str:
+        """'name   beta=..., rule=..., H=..., n=..., d=...' (geometry named when flat)."""
+        geo = ", flat" if self.geometry == "flat" else ""
+        return (f"{self.name}    \u03b2 = {self.beta:g},  rule = {self.rule},  H = {self.n_heads},  "
+                f"n = {self.n},  d = {self.d}{geo}")
