@@ -19,6 +19,8 @@ examples:
   particles render runs/quickstart-...        re-render a finished run (e.g. --out movie.gif)
   particles plot runs/quickstart-...          summary figure of a run's log
   particles resume runs/quickstart-...        continue an interrupted run from its checkpoint
+  particles sweep phase_diagram_1head         a bundled sweep; then `particles plot sweeps/...`
+  particles reproduce --quick                 check the paper's results, write a report
 """
 
 
@@ -126,9 +128,31 @@ def cmd_new(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    from particles.sweep import cli_sweep
+    return cli_sweep(args)
+
+
+def cmd_reproduce(args) -> int:
+    from particles.reproduce import main as reproduce
+    report = reproduce(quick=args.quick, out_dir=Path(args.out))
+    print(f"report: {report}")
+    return 0
+
+
 def cmd_plot(args) -> int:
     from render import plot_summary
+    from particles.sweep import is_sweep_dir
     run_dir = Path(args.run_dir)
+    if is_sweep_dir(run_dir):
+        from render.sweep_plots import plot_sweep
+        try:
+            paths = plot_sweep(run_dir)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        for path in paths:
+            print(f"wrote {path}")
+        return 0
     log = run_dir / "log.csv" if run_dir.is_dir() else run_dir
     if not log.is_file():
         raise UserError(f"no log found at {str(log)!r} (give a run directory holding log.csv)")
@@ -210,7 +234,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trails", type=int)
     p.set_defaults(func=cmd_render)
 
-    p = sub.add_parser("plot", help="summary figure (PNG and SVG) of a run's log")
+    p = sub.add_parser("sweep", help="run a parameter sweep (ensembles locally, or on Ray)",
+                       description="Run a sweep file: a scene plus axes; results stream to "
+                                   "results.csv, and a rerun skips finished units.")
+    p.add_argument("sweep_file", help="a sweep .toml file, or a bundled sweep name")
+    p.add_argument("--executor", choices=("local", "ray"), help="where work units run (default local)")
+    p.add_argument("--address", help="Ray cluster address (default: start a local cluster)")
+    p.add_argument("--out", metavar="DIR", help="sweep directory (default: sweeps/<name>)")
+    p.add_argument("--workers", type=_positive_int, metavar="N", help="local process pool size")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("reproduce", help="reproduce the paper's results and write a report",
+                       description="Run every experiment of the paper (MODEL.md) and write "
+                                   "report.md (with figures) and report.json.")
+    p.add_argument("--quick", action="store_true", help="small versions (a few minutes)")
+    p.add_argument("--out", metavar="DIR", default="reproduce", help="output folder (default: reproduce)")
+    p.set_defaults(func=cmd_reproduce)
+
+    p = sub.add_parser("plot", help="summary figure of a run's log, or a sweep's phase diagram")
     p.add_argument("run_dir")
     p.add_argument("--out", metavar="STEM", help="output path without extension (default: RUN_DIR/summary)")
     p.set_defaults(func=cmd_plot)

@@ -89,3 +89,16 @@ def test_render_and_plot_a_finished_run(tmp_path):
     assert proc.returncode == 0 and (out / "summary.png").is_file() and (out / "summary.svg").is_file()
     proc = particles_cli("render", tmp_path)  # not a run directory
     assert proc.returncode == 2 and "not a run directory" in proc.stderr
+
+
+def test_sweep_and_its_phase_diagram_from_the_command_line(tmp_path):
+    sweep = tmp_path / "s.toml"
+    sweep.write_text('scene = "quickstart"\n[axes]\n"dynamics.beta" = [1.0, 4.0]\n"tokens.seed" = {count = 2}\n'
+                     '[record]\ntimes = [0.5, 1.0]\nobservables = ["eps"]\nclusters = true\n')
+    proc = particles_cli("sweep", sweep, "--out", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "out" / "results.csv").read_text().splitlines()
+    assert len(text) == 1 + 2 * 2 * 2  # header + betas x seeds x times
+    proc = particles_cli("plot", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    assert list((tmp_path / "out").glob("*.png"))

@@ -1,0 +1,257 @@
+"""Running a sweep's work units: ``run_unit`` (one ensemble Simulation), and the executors
+that call it -- in this process, on a local process pool, or as Ray tasks.
+
+A work unit is a plain dict (see ``particles.sweep.Sweep``); its result is a dict of NumPy
+arrays. Both travel by pickle, so the same unit gives the same result wherever it runs.
+Taichi is initialised once per process (``particles.backend.init``, called by Simulation);
+a pool or Ray worker sets ``TI_CPU_MAX_NUM_THREADS`` before its first unit so that workers
+sharing a machine do not each start a thread per core.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Iterable, Iterator
+
+import numpy as np
+
+
+# ============================================================================ one unit
+
+def _eps(x: np.ndarray) -> np.ndarray:
+    """eps = 1 - mean pairwise cosine per replica of x (R, n, d), as in the log (unit tokens)."""
+    x = np.asarray(x, dtype=np.float64)
+    n = x.shape[1]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        u = x / np.linalg.norm(x, axis=-1, keepdims=True)
+        s = u.sum(axis=1)
+        gamma = (np.einsum("rd,rd->r", s, s) - n) / (n * (n - 1)) if n > 1 else np.ones(len(x))
+    return 1.0 - gamma
+
+
+def cluster_stats(x, threshold: float, max_elems: int = 1 << 22):
+    """Minimum pairwise cosine and number of clusters (connected components of cos >
+    threshold) of every replica of x (R, n, d), vectorised over replicas: the same numbers as
+    ``particles.observables.pairwise_extremes`` per replica (min cosine up to rounding), without
+    its Python union-find loop. Non-finite replicas give (nan, nan). Replicas are taken in
+    chunks of at most ``max_elems`` cosines; n^2 above that falls back to pairwise_extremes."""
+    from particles.observables import pairwise_extremes
+    x = np.asarray(x, dtype=np.float64)
+    R, n, _ = x.shape
+    mins, counts = np.full(R, np.nan), np.full(R, np.nan)
+    ok = np.flatnonzero(np.isfinite(x).all(axis=(1, 2)))
+    if n * n > max_elems:
+        for b in ok:
+            mins[b], counts[b] = pairwise_extremes(x[b], threshold)
+        return mins, counts
+    idx = np.arange(n)
+    chunk = max(1, max_elems // (n * n))
+    for start in range(0, ok.size, chunk):
+        sel = ok[start:start + chunk]
+        u = x[sel] / np.linalg.norm(x[sel], axis=-1, keepdims=True)
+        cos = np.matmul(u, np.swapaxes(u, 1, 2))
+        cos[:, idx, idx] = np.inf
+        mins[sel] = cos.min(axis=(1, 2)) if n > 1 else 1.0
+        adj = cos > threshold
+        adj[:, idx, idx] = False
+        labels = np.broadcast_to(idx, (sel.size, n)).copy()
+        while True:   # min-label propagation with pointer jumping: labels -> min id of the component
+            cand = np.where(adj, labels[:, None, :], n).min(axis=2)
+            new = np.minimum(labels, cand)
+            new = np.take_along_axis(new, new, axis=1)
+            if np.array_equal(new, labels):
+                break
+            labels = new
+        counts[sel] = (labels == idx).sum(axis=1)
+    return mins, counts
+
+
+def run_unit(unit: dict) -> dict:
+    """Run one work unit: one ensemble Simulation of its replicas (tokens (R, n, d), one beta
+    each), recording observables / clusters at the record steps and the first step where
+    eps < the clustering threshold. Returns a dict of arrays (see ``particles.sweep``)."""
+    t0 = time.perf_counter()
+    from particles.rules import load_rule_file
+    from particles.simulation import Simulation
+    from scenes.scene import build_heads, build_tokens
+
+    scene, rec = unit["scene"], unit["record"]
+    dyn = scene["dynamics"]
+    d = scene["tokens"]["d"]
+    if dyn.get("rule_file"):
+        load_rule_file(dyn["rule_file"])
+    tokens = np.stack([build_tokens(dict(t, replicas=1)) for t in unit["tokens"]])
+    heads = build_heads(scene["heads"], d)
+    obs = list(rec["observables"])
+    sim = Simulation(tokens, heads, beta=np.asarray(unit["betas"], dtype=np.float64),
+                     rule=dyn["rule"], geometry=dyn["geometry"], dt=dyn["dt"],
+                     integrator=dyn["integrator"], dtype=dyn["dtype"], arch=dyn["arch"],
+                     entropy_rate=any(o.startswith("entropy_rate_h") for o in obs))
+    R, steps_total, dt = sim.n_replicas, int(dyn["steps"]), sim.dt
+    rec_steps = [int(s) for s in rec["steps"]]
+    where = {s: k for k, s in enumerate(rec_steps)}
+    T = len(rec_steps)
+    values = np.full((R, T, len(obs)), np.nan)
+    want_pairs = rec["clusters"] or rec["min_cosine"]
+    clusters = np.full((R, T), np.nan) if rec["clusters"] else None
+    min_cos = np.full((R, T), np.nan) if rec["min_cosine"] else None
+    ct_thr = rec.get("clustering_time")
+    first = np.full(R, np.nan) if ct_thr is not None else None
+    events = set(rec_steps)
+    if ct_thr is not None:
+        every = int(rec.get("clustering_every", 1))
+        events |= set(range(0, steps_total + 1, every)) | {steps_total}
+    cur = 0
+    for s in sorted(events):
+        if s > cur:
+            sim.advance(s - cur)
+            cur = s
+        x = None
+        k = where.get(s)
+        if k is not None:
+            if obs:
+                sim.observe()              # rows are collected at the end (take_rows batches)
+            if want_pairs:
+                x = sim.native_tokens()
+                mc, count = cluster_stats(x, rec["threshold"])
+                if clusters is not None:
+                    clusters[:, k] = count
+                if min_cos is not None:
+                    min_cos[:, k] = mc
+        if first is not None:
+            if x is None:
+                x = sim.native_tokens()
+            eps = _eps(x)
+            newly = np.isnan(first) & (eps < ct_thr)
+            first[newly] = s * dt
+    if obs:
+        for row in sim.take_rows():
+            values[row["replica"], where[row["step"]]] = [row.get(o, math.nan) for o in obs]
+    x = sim.native_tokens()
+    nonfinite = ~np.isfinite(x).all(axis=(1, 2))
+    return {"id": unit["id"], "points": list(unit["points"]), "steps": rec_steps,
+            "times": [s * dt for s in rec_steps], "observables": obs, "values": values,
+            "clusters": clusters, "min_cosine": min_cos, "clustering_time": first,
+            "nonfinite": int(nonfinite.sum()), "arch": sim.arch, "pid": os.getpid(),
+            "seconds": time.perf_counter() - t0}
+
+
+# ============================================================================ executors
+
+def _threads_env(threads: int) -> None:
+    os.environ.setdefault("TI_CPU_MAX_NUM_THREADS", str(max(1, int(threads))))
+
+
+def _pool_init(threads: int) -> None:
+    _threads_env(threads)
+
+
+def _ray_task(unit: dict, threads: int) -> dict:
+    _threads_env(threads)
+    return run_unit(unit)
+
+
+class LocalExecutor:
+    """Units in this process (workers None or 1), or on a spawn-started process pool."""
+
+    def __init__(self, workers: int | None = None):
+        self.workers = int(workers or 1)
+        self._pool = None
+
+    def map_unordered(self, units: Iterable[dict]) -> Iterator[dict]:
+        units = list(units)
+        if self.workers <= 1 or len(units) <= 1:
+            for unit in units:
+                yield run_unit(unit)
+            return
+        import multiprocessing as mp
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+        threads = max(1, (os.cpu_count() or 1) // self.workers)
+        self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"),
+                                         initializer=_pool_init, initargs=(threads,))
+        pending = {self._pool.submit(run_unit, u) for u in units}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                yield fut.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+class RayExecutor:
+    """Units as Ray tasks (one CPU each). ``address``: an existing cluster (``ray.init(address)``);
+    None: a local cluster with ``workers`` CPUs (default: all). At most ``workers`` tasks are in
+    flight when given. A cluster this executor started is shut down by ``close``."""
+
+    def __init__(self, address: str | None = None, workers: int | None = None):
+        try:
+            import ray
+        except ImportError:
+            from particles.sweep import SweepError
+            raise SweepError("--executor ray", [
+                "the ray executor needs Ray: pip install 'ray>=2.9' (or the package's [ray] "
+                "extra: pip install -e '.[ray]')"], is_file=False, what="sweep option") from None
+        self.ray = ray
+        self.workers = workers
+        self._started = False
+        if not ray.is_initialized():
+            kwargs = dict(include_dashboard=False, logging_level="WARNING", log_to_driver=False,
+                          configure_logging=True)
+            if address:
+                try:
+                    ray.init(address=address, **kwargs)
+                except (ConnectionError, RuntimeError) as exc:
+                    from particles.sweep import SweepError
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    cause = exc.__cause__
+                    lines = [ln.strip() for ln in str(cause or "").splitlines() if ln.strip()]
+                    detail = f" ({lines[-1][:200]})" if lines else ""   # the root error, last line
+                    raise SweepError("--address", [
+                        f"could not connect to the Ray cluster at {address!r}: {first}{detail}. "
+                        "Check the address (ray status on the head node prints it) and, if the "
+                        "cluster uses token authentication, that this machine has its token"],
+                        is_file=False, what="sweep option") from None
+            else:
+                ray.init(num_cpus=int(workers or os.cpu_count() or 1), **kwargs)
+            self._started = True
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.threads = 1 if address else max(1, (os.cpu_count() or 1) // max(1, workers or cpus))
+        self._task = ray.remote(num_cpus=1, max_retries=1)(_ray_task)
+        self._pending: list = []
+
+    def map_unordered(self, units: Iterable[dict]) -> Iterator[dict]:
+        ray = self.ray
+        queue = list(units)
+        limit = self.workers or len(queue) or 1
+        queue.reverse()
+        try:
+            while queue or self._pending:
+                while queue and len(self._pending) < limit:
+                    self._pending.append(self._task.remote(queue.pop(), self.threads))
+                done, self._pending = ray.wait(self._pending, num_returns=1)
+                yield ray.get(done[0])
+        finally:
+            for ref in self._pending:
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:  # noqa: BLE001 - best effort on the way out
+                    pass
+            self._pending = []
+
+    def close(self) -> None:
+        if self._started:
+            self.ray.shutdown()
+            self._started = False
+
+
+def make_executor(kind: str, address: str | None = None, workers: int | None = None):
+    if kind == "ray":
+        return RayExecutor(address, workers)
+    return LocalExecutor(workers)
+
+
+__all__ = ["run_unit", "LocalExecutor", "RayExecutor", "make_executor"]
