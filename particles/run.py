@@ -34,6 +34,7 @@ from .rules import get_rule, load_rule_file
 from .simulation import BlowUpError, Simulation
 
 CHECKPOINT = "checkpoint.npz"
+PREVIOUS_CHECKPOINT = "previous-checkpoint.npz"
 PANEL_HISTORY_LIMIT = 20000
 
 
@@ -78,6 +79,12 @@ class Summary:
                 self.monotone[h] = False
             self._prev[key] = e
             self.max_dominance[h] = max(self.max_dominance[h], row[f"radial_dominance_h{h}"])
+
+    def restore(self, saved: dict) -> None:
+        """Continue the headline figures of a checkpointed run."""
+        self.first_energy = saved.get("energy_first")
+        self.max_dominance = list(saved.get("max_radial_dominance", self.max_dominance))
+        self.monotone = list(saved.get("per_head_energy_monotone", self.monotone))
 
     def as_dict(self) -> dict:
         return {
@@ -155,7 +162,6 @@ class Runner:
         self.summary = Summary(sim.n_heads, 1e-5 if sim.dtype == "float32" else 1e-10)
         self.panel_history: dict[str, list] = {}
         self.extra: dict[tuple[int, int], dict] = {}
-        self.start_step = 0
 
         self.log_path = self.run_dir / "log.csv"
         self.video_path = self.run_dir / self.rendercfg.get("file", "animation.mp4") if self.render_on else None
@@ -227,20 +233,25 @@ class Runner:
                  "trajectory_chunk": self.traj.next_chunk if self.traj else 0,
                  "summary": self.summary.as_dict()}
         np.savez(buf, tokens=self.sim.native_tokens(), state=np.array(json.dumps(state)))
-        path = self.run_dir / CHECKPOINT
+        path, previous = self.run_dir / CHECKPOINT, self.run_dir / PREVIOUS_CHECKPOINT
+        fresh = path.with_name(path.name + ".new")
+        atomic_write_bytes(fresh, buf.getvalue())
         if path.exists():
-            path.replace(self.run_dir / ("previous-" + CHECKPOINT))
-        atomic_write_bytes(path, buf.getvalue())
+            path.replace(previous)  # keep the last good one
+        fresh.replace(path)
 
     def _load_checkpoint(self) -> None:
         path = self.run_dir / CHECKPOINT
+        if not path.is_file():  # killed between the two renames of write_checkpoint
+            path = self.run_dir / PREVIOUS_CHECKPOINT
         if not path.is_file():
-            raise FileNotFoundError(f"no checkpoint in {str(self.run_dir)!r} (expected {CHECKPOINT})")
+            raise FileNotFoundError(f"no checkpoint in {str(self.run_dir)!r} (expected {CHECKPOINT}; "
+                                    "run with --checkpoint-every N to write them)")
         with np.load(path) as data:
             tokens = data["tokens"]
             state = json.loads(str(data["state"]))
         self.sim.set_tokens(tokens, step=state["step"])
-        self.start_step = state["step"]
+        self.summary.restore(state["summary"])
         self._resume_state = state
 
     def _truncate_log(self, rows: int) -> None:
