@@ -141,16 +141,8 @@ class SweepAborted(RuntimeError):
 
 def bundled_sweeps() -> dict[str, tuple[Path, str]]:
     """Bundled sweep name -> (path, one-line description)."""
-    out = {}
-    for p in sorted(SWEEP_LIBRARY.glob("*.toml")):
-        try:
-            with open(p, "rb") as fh:
-                desc = tomllib.load(fh).get("description", "")
-        except (OSError, tomllib.TOMLDecodeError):
-            desc = ""
-        line = desc.strip().splitlines()[0] if isinstance(desc, str) and desc.strip() else ""
-        out[p.stem] = (p, line)
-    return out
+    from scenes.scene import library_listing
+    return library_listing(SWEEP_LIBRARY)
 
 
 def _find_sweep_file(name_or_path) -> Path:

@@ -312,8 +312,13 @@ def _index(node: list, part: str, where, text) -> int:
 
 def bundled_scenes() -> dict[str, tuple[Path, str]]:
     """Bundled scene name -> (path, one-line description), sorted by name."""
+    return library_listing(LIBRARY)
+
+
+def library_listing(folder: Path) -> dict[str, tuple[Path, str]]:
+    """Name -> (path, first line of `description`) for every .toml file in a folder."""
     out = {}
-    for p in sorted(LIBRARY.glob("*.toml")):
+    for p in sorted(Path(folder).glob("*.toml")):
         try:
             with open(p, "rb") as fh:
                 desc = tomllib.load(fh).get("description", "")
