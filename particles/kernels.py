@@ -10,6 +10,10 @@ Layout (b = replica, h = head, i/j = token, c = component):
                             sum l_i, entropy H_i, row energy (log-sum for exponential rules)
 Every thread owns one row i and writes only it (gather, no atomics), and no n x n
 matrix is ever stored: softmax is normalised with a running maximum.
+
+Exponential rules (exp, softmax) take a faster path (``FastHeads``): each thread owns a
+tile of TI rows and sweeps j in blocks of J columns, flash-attention style, on packed
+copies of q, k, u laid out so that LLVM vectorises the inner loops (see ``_fast_kernels``).
 """
 
 import functools
@@ -164,6 +168,7 @@ class KernelSet:
             Per head h: a^h = <f^h, x> (radial shadow), T = ||P f^h||^2, C = sum_{h'!=h} <f^h, f^h'>,
             R = a^h sum_{h'!=h} a^h' (zero in flat space), and |a^h| sum_{h'!=h} |a^h'|.
             """
+            ti.loop_config(serialize=True)  # O(n H d): cheaper than a parallel dispatch (~80 us)
             for b, i in ti.ndrange(x.shape[0], x.shape[1]):
                 radial = ti.Vector.zero(real, H)
                 gram = ti.Matrix.zero(real, H, H)
@@ -248,6 +253,7 @@ class KernelSet:
         def reduce(tok: arr3, x: arr3, out: f64arr4, sumx: f64arr4, slot: ti.i32):
             """Column reductions over tokens, one thread per (replica, slot), fixed order."""
             n = tok.shape[1]
+            ti.loop_config(serialize=True)  # O(n) per slot: cheaper than a parallel dispatch
             for b, s in ti.ndrange(tok.shape[0], n_slots):
                 total = ti.cast(0, ti.f64)
                 lo = ti.cast(tok[b, 0, s], ti.f64)
@@ -258,42 +264,53 @@ class KernelSet:
                     lo = ti.min(lo, val)
                     hi = ti.max(hi, val)
                 lse = ti.cast(0, ti.f64)
-                for i in range(n):
-                    lse += ti.exp(ti.cast(tok[b, i, s], ti.f64) - hi)
+                if s >= 1 and (s - 1) % SLOTS_PER_HEAD == SLOT_ROW_ENERGY:
+                    # the log-sum-exp is read for the row energies only: skip n exps elsewhere
+                    for i in range(n):
+                        lse += ti.exp(ti.cast(tok[b, i, s], ti.f64) - hi)
                 out[slot, b, s, 0] = total
                 out[slot, b, s, 1] = lo
                 out[slot, b, s, 2] = hi
                 out[slot, b, s, 3] = hi + ti.log(lse)
-            for b, e in ti.ndrange(x.shape[0], d):
+            ti.loop_config(serialize=True)
+            for b in range(x.shape[0]):
                 # sum of the normalised tokens (they are unit already on the sphere)
-                total = ti.cast(0, ti.f64)
+                total = ti.Vector.zero(ti.f64, d)
                 for i in range(x.shape[1]):
                     norm2 = ti.cast(0, ti.f64)
-                    for e2 in range(d):
+                    for e2 in ti.static(range(d)):
                         norm2 += ti.cast(x[b, i, e2], ti.f64) ** 2
                     if norm2 > 0:
-                        total += ti.cast(x[b, i, e], ti.f64) / ti.sqrt(norm2)
-                sumx[slot, b, e, 0] = total
+                        norm = ti.sqrt(norm2)
+                        for e in ti.static(range(d)):
+                            total[e] += ti.cast(x[b, i, e], ti.f64) / norm
+                for e in ti.static(range(d)):
+                    sumx[slot, b, e, 0] = total[e]
 
         @ti.kernel
         def axpy(out: arr3, x: arr3, a: real, y: arr3):
             """out = x + a * y."""
-            for b, i, e in out:
-                out[b, i, e] = x[b, i, e] + a * y[b, i, e]
+            ti.loop_config(serialize=True)  # O(n d): cheaper than a parallel dispatch (~80 us)
+            for b, i in ti.ndrange(out.shape[0], out.shape[1]):
+                for e in ti.static(range(d)):
+                    out[b, i, e] = x[b, i, e] + a * y[b, i, e]
 
         @ti.kernel
         def accumulate(acc: arr3, a: real, y: arr3, first: ti.i32):
             """acc = a * y (first) or acc += a * y."""
-            for b, i, e in acc:
-                if first:
-                    acc[b, i, e] = a * y[b, i, e]
-                else:
-                    acc[b, i, e] += a * y[b, i, e]
+            ti.loop_config(serialize=True)
+            for b, i in ti.ndrange(acc.shape[0], acc.shape[1]):
+                for e in ti.static(range(d)):
+                    if first:
+                        acc[b, i, e] = a * y[b, i, e]
+                    else:
+                        acc[b, i, e] += a * y[b, i, e]
 
         @ti.kernel
         def retract(x: arr3):
             """Back onto the sphere by renormalising each token (no-op in flat space)."""
             if ti.static(sphere):
+                ti.loop_config(serialize=True)
                 for b, i in ti.ndrange(x.shape[0], x.shape[1]):
                     s = c(0)
                     for e in ti.static(range(d)):
@@ -318,3 +335,507 @@ class KernelSet:
         self.axpy, self.accumulate, self.retract, self.finite_check = axpy, accumulate, retract, finite_check
         self.has_potential = has_potential
         self.exponential = exponential
+        self._spec = (real, d, H, r, rv, softmax_norm)
+
+    def head_pass(self, n_replicas: int, n: int, keep_qk: bool = False):
+        """The head outputs f (and row statistics) for R replicas of n tokens, as one call
+        ``(x, Q, K, W, O, q, k, u, beta, g, f, row, observe)``: project, pair, head_out, or,
+        for exponential rules on the CPU, the tiled ``FastHeads`` (tuned for CPU SIMD; it
+        keeps q, k only if keep_qk)."""
+        if self.exponential and ti.lang.impl.current_cfg().arch in (ti.x64, ti.arm64):
+            return FastHeads(self._spec, n_replicas, n, keep_qk)
+        return PlainHeads(self)
+
+
+class PlainHeads:
+    """project, pair and head_out on the (R, H, n, .) arrays."""
+
+    def __init__(self, kern: KernelSet):
+        self.kern = kern
+
+    def __call__(self, x, Q, K, W, O, q, k, u, beta, g, f, row, observe):
+        self.kern.project(x, Q, K, W, q, k, u)
+        self.kern.pair(q, k, u, beta, g, row, observe)
+        self.kern.head_out(g, O, f)
+
+
+# -- the fast path for exponential rules ----------------------------------------------------
+#
+# Taichi scalarises vectors, and LLVM (its CPU backend) re-vectorises two loop shapes
+# reliably; ``pair`` is built from them. (1) A register tile (``tile_sum``): a runtime loop
+# whose body adds an outer product (TI coefficients) x (a vector of lanes) into TI x lanes
+# scalars, both read as vector-typed array elements at constant offsets from one address,
+# which the SLP vectoriser packs; its operands lie contiguously along the loop. (2) A loop
+# of constant trip count over contiguous scratch, reductions included, which the loop
+# vectoriser takes (the per-row passes over a block's weights). ``project`` and
+# ``head_out`` are compiled with vectors left unscalarised instead (explicit SIMD, whole-
+# vector stores). Indices are masked with INDEX_MASK / ELEMENT_MASK: no-ops for arrays
+# under 2^30 floats / 2^26 vector elements that let LLVM prove an i32 index cannot wrap,
+# hence that neighbours are adjacent in memory. ``benchmarks/step.py`` times the result.
+INDEX_MASK = 0x3FFFFFFF
+ELEMENT_MASK = 0x3FFFFFF
+LARGE_N = 256  # from this many tokens on, the large tiles (their compile takes seconds)
+# (dtype, large) -> TI rows per tile, L lanes per vector element, J columns per block.
+TILES = {
+    ("float32", True): (6, 16, 128),
+    ("float64", True): (4, 8, 128),
+    ("float32", False): (2, 8, 32),
+    ("float64", False): (2, 8, 32),
+}
+
+
+def _pow2(k: int) -> int:
+    return 1 << (k - 1).bit_length()
+
+
+SMALL_RV = 8  # up to this value rank, the weighted sum of u runs along j (see pair)
+A_SMALL = 2   # value components per pass along j
+
+
+def _value_lanes(L: int, rv: int) -> int:
+    """Lanes of the value accumulator (rv > SMALL_RV): L, or L / 2 when rv fits."""
+    return L if rv > L // 2 else L // 2
+
+
+class FastHeads:
+    """project + pair + head_out for exponential rules on packed copies (O(n) memory).
+
+    Layouts (b replica, h head, bh = b H + h, t < TI row of a tile, e < d, a component;
+    ntile tiles of TI tokens, nbl groups of L tokens, npad = nbl L >= ntile TI tokens;
+    value components in nac groups of AL lanes; TI-vectors are stored padded to TP = 2^k):
+        xt  (R nbl d)          L-vectors   x, tokens in groups of L (zero padding)
+        xq  (R ntq d)          TI-vectors  x, tokens in groups of TI, ntq TI >= npad
+        qc, kc  (H ngq d)      TI-vectors  rows of Q, K in groups of TI (zero past r)
+        ot  (H rv ndl)         L-vectors   O transposed
+        qt  (R H ntile r)      TI-vectors  beta q: a tile's rows for one component
+        kt  (R H nbl r)        L-vectors   k: a group's tokens for one component
+        gt  (R H ntile rv)     TI-vectors  the normalised pulls g, as qt
+        bias  (nbl)            L-vectors   0 for a real token, -1e30 for padding
+    and for u, either (rv > SMALL_RV)
+        wt  (H nac d)          AL-vectors  W transposed
+        uc  (R H nac npu)      AL-vectors  u: a token's components, npu = ntq TI
+    or (rv <= SMALL_RV, rvp = rv rounded up to A_SMALL)
+        wt  (H ngw d)          TI-vectors  rows of W in groups of TI (zero past rv)
+        uc  (R H rvp npad)     floats      u transposed
+    """
+
+    def __init__(self, spec, n_replicas: int, n: int, keep_qk: bool):
+        real, d, H, r, rv, softmax_norm = spec
+        dtype = "float32" if real == ti.f32 else "float64"
+        TI, L, J = TILES[(dtype, n >= LARGE_N)]
+        AL = _value_lanes(L, rv)
+        self.kernels = _fast_kernels(real, d, H, r, rv, softmax_norm, TI, L, J, AL)
+        R = n_replicas
+        ntile = -(-n // TI)
+        npad = -(-max(n, ntile * TI) // J) * J
+        nbl, ntq, nac, ndl = npad // L, -(-npad // TI), -(-rv // AL), -(-d // L)
+        vec_t, vec_l, vec_a = (ti.types.vector(k, real) for k in (_pow2(TI), L, AL))
+        self.xt = ti.ndarray(vec_l, shape=(R * nbl * d,))
+        self.xq = ti.ndarray(vec_t, shape=(R * ntq * d,))
+        self.qc = ti.ndarray(vec_t, shape=(H * -(-r // TI) * d,))
+        self.kc = ti.ndarray(vec_t, shape=(H * -(-r // TI) * d,))
+        rvp = -(-rv // A_SMALL) * A_SMALL
+        if rv <= SMALL_RV:
+            self.wt = ti.ndarray(vec_t, shape=(H * -(-rvp // TI) * d,))
+            self.uc = ti.ndarray(real, shape=(R * H * rvp * npad,))
+        else:
+            self.wt = ti.ndarray(vec_a, shape=(H * nac * d,))
+            self.uc = ti.ndarray(vec_a, shape=(R * H * nac * ntq * TI,))
+        self.ot = ti.ndarray(vec_l, shape=(H * rv * ndl,))
+        self.qt = ti.ndarray(vec_t, shape=(R * H * ntile * r,))
+        self.kt = ti.ndarray(vec_l, shape=(R * H * nbl * r,))
+        self.gt = ti.ndarray(vec_t, shape=(R * H * ntile * rv,))
+        self.bias = ti.ndarray(vec_l, shape=(nbl,))
+        for a in (self.xt, self.xq, self.qc, self.kc, self.wt, self.uc, self.ot, self.qt, self.kt,
+                  self.gt):
+            if a.shape[0] >= (INDEX_MASK if a.element_type == real else ELEMENT_MASK):
+                raise ValueError(f"{R} x {n} tokens is beyond the fast path's 32-bit indexing")
+        self.n, self.keep_qk = n, keep_qk
+        self._ready = False
+
+    def __call__(self, x, Q, K, W, O, q, k, u, beta, g, f, row, observe):
+        """Writes f and row (always: the row statistics cost O(n)); q and k if keep_qk.
+        u and g are unused: the packed uc and gt take their place."""
+        prep, project, pair, head_out = self.kernels
+        first = not self._ready
+        if first:
+            with _compile_options(scalarize=True):
+                prep(Q, K, W, O, self.qc, self.kc, self.wt, self.ot, self.bias, self.n)
+        with _compile_options(scalarize=False, active=first):
+            project(x, beta, self.qc, self.kc, self.wt, self.xt, self.xq, self.qt, self.kt, self.uc,
+                    q, k, self.keep_qk)
+        with _compile_options(scalarize=True, active=first):
+            pair(self.qt, self.kt, self.bias, self.uc, self.gt, row, -1)
+        with _compile_options(scalarize=False, active=first):
+            head_out(self.gt, self.ot, f)
+        self._ready = True
+
+
+class _compile_options:
+    """Taichi compile options for a kernel's first call (when it compiles; a no-op unless
+    active). Taichi's CFG passes off: they are quadratic in the unrolled register tiles (3x
+    the compile time) and their rewrites stop LLVM from vectorising the tiles; LLVM's
+    passes do the same job. Plain parallel range-fors, whose block size (1 for pair, see
+    ``ti.loop_config``) is honoured: the multithreading-loop rewrite hands each thread at
+    least 512 iterations, all of the work for a few hundred tiles. scalarize=False keeps
+    Taichi vectors as LLVM vectors (explicit SIMD, whole-vector loads and stores)."""
+
+    def __init__(self, scalarize: bool, active: bool = True):
+        self.scalarize, self.active = scalarize, active
+
+    def __enter__(self):
+        if self.active:
+            self.cfg = ti.lang.impl.current_cfg()
+            self.saved = (self.cfg.cfg_optimization, self.cfg.make_cpu_multithreading_loop,
+                          self.cfg.real_matrix_scalarize)
+            self.cfg.cfg_optimization = False
+            self.cfg.make_cpu_multithreading_loop = False
+            self.cfg.real_matrix_scalarize = self.scalarize
+
+    def __exit__(self, *exc):
+        if self.active:
+            (self.cfg.cfg_optimization, self.cfg.make_cpu_multithreading_loop,
+             self.cfg.real_matrix_scalarize) = self.saved
+
+
+@functools.lru_cache(maxsize=None)
+def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI: int, L: int,
+                  J: int, AL: int):
+    f32 = real == ti.f32
+    ibits = ti.i32 if f32 else ti.i64
+    sign_off = 0x7FFFFFFF if f32 else 0x7FFFFFFFFFFFFFFF
+    shift = 31 if f32 else 63
+    NEG_BIG = -3.0e38 if f32 else -1.0e300
+    PAD = -1.0e30           # score of a padding column: its weight underflows to 0
+    NB = J // L             # L-token groups per block
+    lanes_j = rv <= SMALL_RV  # the weighted sum of u runs along j (see pair)
+    A = A_SMALL
+    ngq, nac, ndl = -(-r // TI), -(-rv // AL), -(-d // L)
+    rvp = -(-rv // A) * A
+    ngw = -(-rvp // TI)
+    rva = rvp if lanes_j else nac * AL  # value rank padded to whole groups
+    arr1 = ti.types.ndarray(dtype=real, ndim=1)
+    arr3 = ti.types.ndarray(dtype=real, ndim=3)
+    arr4 = ti.types.ndarray(dtype=real, ndim=4)
+    vecL = ti.types.ndarray(dtype=ti.types.vector(L, real), ndim=1)
+    TP = _pow2(TI)          # TI-vectors are stored padded to a power of 2: LLVM assumes
+    vecT = ti.types.ndarray(dtype=ti.types.vector(TP, real), ndim=1)  # natural alignment
+    vecA = ti.types.ndarray(dtype=ti.types.vector(AL, real), ndim=1)
+    w_arr = vecT if lanes_j else vecA  # the types of wt and uc (see FastHeads)
+    u_arr = arr1 if lanes_j else vecA
+
+    @ti.func
+    def c(value):
+        return ti.cast(value, real)
+
+    @ti.func
+    def tile_sum(init, cv: ti.template(), cbase, vv: ti.template(), vbase, vstride, K, never,
+                 lanes: ti.template()):
+        """init + sum_{a < K} cv[cbase + a] (x) vv[vbase + a vstride], a TI x lanes tile.
+
+        The SLP vectoriser packs the tile only if (a) K is unknown to LLVM (a known trip
+        count gets the loop unrolled into chains too deep for it), (b) the loop has a second
+        exit (else the loop vectoriser takes it first) and (c) the caller lands the tile by
+        consecutive stores in a local array that is also indexed at run time (so the array
+        stays in memory). ``never`` is -1, unknown to LLVM: the caller passes K = r * -never
+        for (a), and it makes the exit (b)."""
+        s = init
+        a = 0
+        while a < K:
+            w = cv[(cbase + a) & ELEMENT_MASK]
+            v = vv[(vbase + a * vstride) & ELEMENT_MASK]
+            for t in ti.static(range(TI)):
+                for cc in ti.static(range(lanes)):
+                    s[t, cc] += w[t] * v[cc]
+            a += 1
+            if a == never:
+                break
+        return s
+
+    @ti.func
+    def key(s):
+        """An integer with the order of the float s (so max-reductions vectorise)."""
+        bits = ti.bit_cast(s, ibits)
+        return bits ^ ((bits >> shift) & ibits(sign_off))
+
+    @ti.func
+    def unkey(kk):
+        return ti.bit_cast(kk ^ ((kk >> shift) & ibits(sign_off)), real)
+
+    @ti.func
+    def exp_le0(x):
+        """e^x for x <= 0. float32: x = n ln2 + y (one constant: the fused multiply-add
+        does not round n ln2), e^y by a degree-5 polynomial fitted for relative error, 2^n
+        by the exponent bits: within 2.2e-7 relative for x > -20 (4e-7 down to -87), below
+        the rounding of x itself, and vectorisable (ti.exp is a libm call). x is clamped to
+        -87, where e^x is 2^-126, a weight negligible against the row maximum's weight 1."""
+        result = c(0)
+        if ti.static(f32):
+            xc = ti.select(x > c(-87.0), x, c(-87.0))  # one maxps (ti.max also tests NaN)
+            nf = ti.floor(xc * c(1.4426950408889634) + c(0.5))
+            y = xc - nf * c(0.6931471805599453)  # fused: the product is not rounded
+            p = c(8.3337789401e-3)   # 1 + y + y^2 p(y): degree 5, fitted for relative error
+            p = p * y + c(4.1898537427e-2)
+            p = p * y + c(1.6666887701e-1)
+            p = p * y + c(4.9999141693e-1)
+            p = p * y * y + y + c(1.0)
+            result = p * ti.bit_cast((ti.cast(nf, ti.i32) + 127) << 23, real)
+        else:
+            result = ti.exp(x)
+        return result
+
+    @ti.kernel
+    def prep(Q: arr3, K: arr3, W: arr3, O: arr3, qc: vecT, kc: vecT, wt: w_arr, ot: vecL,
+             bias: vecL, n: ti.i32):
+        """The factor layouts and the padding bias (once: they never change)."""
+        for h, g, e in ti.ndrange(H, ngq, d):
+            vq = ti.Vector.zero(real, TP)
+            vk = ti.Vector.zero(real, TP)
+            for t in ti.static(range(TI)):
+                if g * TI + t < r:
+                    vq[t] = Q[h, g * TI + t, e]
+                    vk[t] = K[h, g * TI + t, e]
+            qc[(h * ngq + g) * d + e] = vq
+            kc[(h * ngq + g) * d + e] = vk
+        if ti.static(lanes_j):
+            for h, g, e in ti.ndrange(H, ngw, d):
+                vw = ti.Vector.zero(real, TP)
+                for t in ti.static(range(TI)):
+                    if g * TI + t < rv:
+                        vw[t] = W[h, g * TI + t, e]
+                wt[(h * ngw + g) * d + e] = vw
+        else:
+            for h, ac, e in ti.ndrange(H, nac, d):
+                vw = ti.Vector.zero(real, AL)
+                for cc in ti.static(range(AL)):
+                    if ac * AL + cc < rv:
+                        vw[cc] = W[h, ac * AL + cc, e]
+                wt[(h * nac + ac) * d + e] = vw
+        for h, a, ec in ti.ndrange(H, rv, ndl):
+            vo = ti.Vector.zero(real, L)
+            for cc in ti.static(range(L)):
+                if ec * L + cc < d:
+                    vo[cc] = O[h, ec * L + cc, a]
+            ot[(h * rv + a) * ndl + ec] = vo
+        for jl in range(bias.shape[0]):
+            vb = ti.Vector.zero(real, L)
+            for cc in ti.static(range(L)):
+                if jl * L + cc >= n:
+                    vb[cc] = c(PAD)
+            bias[jl] = vb
+
+    @ti.kernel
+    def project(x: arr3, beta: arr1, qc: vecT, kc: vecT, wt: w_arr, xt: vecL, xq: vecT, qt: vecT,
+                kt: vecL, uc: u_arr, q: arr4, k: arr4, keep_qk: ti.template()):
+        """beta q, k, u into qt, kt, uc (and q, k with keep_qk). Compiled with Taichi
+        vectors kept as LLVM vectors: each tile row is one vector, stored whole."""
+        R, n = x.shape[0], x.shape[1]
+        nbl = xt.shape[0] // (R * d)
+        ntq = xq.shape[0] // (R * d)
+        ntile = qt.shape[0] // (R * H * r)
+        npad = nbl * L
+        ti.loop_config(serialize=True)  # O(n d) copies: cheaper than a parallel dispatch
+        for b, e in ti.ndrange(R, d):
+            for jl in range(nbl):
+                v = ti.Vector.zero(real, L)
+                for cc in ti.static(range(L)):
+                    if jl * L + cc < n:
+                        v[cc] = x[b, jl * L + cc, e]
+                xt[(b * nbl + jl) * d + e] = v
+            for it in range(ntq):
+                v = ti.Vector.zero(real, TP)
+                for t in ti.static(range(TI)):
+                    if it * TI + t < n:
+                        v[t] = x[b, it * TI + t, e]
+                xq[(b * ntq + it) * d + e] = v
+        # one parallel loop over the k, q and u tiles (each parallel loop costs a dispatch)
+        nk, nq = ngq * nbl, ngq * ntile
+        nu = ngw * nbl if ti.static(lanes_j) else ntq * nac
+        for b, h, blk in ti.ndrange(R, H, nk + nq + nu):
+            bh = b * H + h
+            if blk < nk:  # k: TI components x L tokens
+                g, jl = blk // nbl, blk % nbl
+                rows = [ti.Vector.zero(real, L) for _ in ti.static(range(TI))]
+                for e in range(d):
+                    w = kc[(h * ngq + g) * d + e]
+                    v = xt[(b * nbl + jl) * d + e]
+                    for t in ti.static(range(TI)):
+                        rows[t] += w[t] * v
+                for t in ti.static(range(TI)):
+                    a = g * TI + t
+                    if a < r:
+                        kt[(bh * nbl + jl) * r + a] = rows[t]
+                        if ti.static(keep_qk):
+                            for cc in ti.static(range(L)):
+                                if jl * L + cc < n:
+                                    k[b, h, jl * L + cc, a] = rows[t][cc]
+            elif blk < nk + nq:  # beta q: TI components x TI tokens
+                g, it = (blk - nk) // ntile, (blk - nk) % ntile
+                rows = [ti.Vector.zero(real, TP) for _ in ti.static(range(TI))]
+                for e in range(d):
+                    w = qc[(h * ngq + g) * d + e]
+                    v = xq[(b * ntq + it) * d + e]
+                    for t in ti.static(range(TI)):
+                        rows[t] += w[t] * v
+                for t in ti.static(range(TI)):
+                    a = g * TI + t
+                    if a < r:
+                        qt[(bh * ntile + it) * r + a] = rows[t] * beta[b]
+                        if ti.static(keep_qk):
+                            for cc in ti.static(range(TI)):
+                                if it * TI + cc < n:
+                                    q[b, h, it * TI + cc, a] = rows[t][cc]
+            elif ti.static(lanes_j):  # u: TI components x L tokens
+                g, jl = (blk - nk - nq) // nbl, (blk - nk - nq) % nbl
+                rows = [ti.Vector.zero(real, L) for _ in ti.static(range(TI))]
+                for e in range(d):
+                    w = wt[(h * ngw + g) * d + e]
+                    v = xt[(b * nbl + jl) * d + e]
+                    for t in ti.static(range(TI)):
+                        rows[t] += w[t] * v
+                for t in ti.static(range(TI)):
+                    a = g * TI + t
+                    if a < rvp:
+                        for cc in ti.static(range(L)):
+                            uc[(bh * rvp + a) * npad + jl * L + cc] = rows[t][cc]
+            else:  # u: TI tokens x AL components
+                it, ac = (blk - nk - nq) // nac, (blk - nk - nq) % nac
+                rows = [ti.Vector.zero(real, AL) for _ in ti.static(range(TI))]
+                for e in range(d):
+                    w = xq[(b * ntq + it) * d + e]
+                    v = wt[(h * nac + ac) * d + e]
+                    for t in ti.static(range(TI)):
+                        rows[t] += w[t] * v
+                for t in ti.static(range(TI)):
+                    uc[(bh * nac + ac) * ntq * TI + it * TI + t] = rows[t]
+
+    @ti.kernel
+    def pair(qt: vecT, kt: vecL, bias: vecL, uc: u_arr, gt: vecT, row: arr4, never: ti.i32):
+        """g_i = sum_j w_ij u_j for the TI rows of a tile per thread, in blocks of J columns:
+        scores (register tile), block maximum and re-basing, weights (vectorised exp), then
+        the weighted sum of u (register tile). Row statistics as in ``pair``."""
+        R, n = row.shape[0], row.shape[2]
+        ntile = qt.shape[0] // (R * H * r)
+        nbl = bias.shape[0]
+        npad = nbl * L
+        npu = uc.shape[0] // (R * H * (rvp if ti.static(lanes_j) else nac))
+        one = -never  # 1, unknown to LLVM (see tile_sum)
+        rk, jn = r * one, J * one
+        ti.loop_config(block_dim=1)  # a tile is heavy: hand them out one by one
+        for b, h, it in ti.ndrange(R, H, ntile):
+            bh = b * H + h
+            m = ti.Vector([c(NEG_BIG)] * TI)    # running maximum of z per row
+            wsum = ti.Vector.zero(real, TI)     # sum of e^{z - m}
+            ent = ti.Vector.zero(real, TI)      # sum of e^{z - m} (z - m)
+            acc = ti.Matrix.zero(real, TI, rva)  # sum of e^{z - m} u_j
+            w = ti.Matrix.zero(real, TI, J)      # scores, then weights, of one block
+            for jb in range(npad // J):
+                for jl in range(NB):
+                    init = ti.Matrix.zero(real, TI, L)
+                    bv = bias[jb * NB + jl]
+                    for t in ti.static(range(TI)):
+                        for cc in ti.static(range(L)):
+                            init[t, cc] = bv[cc]
+                    s = tile_sum(init, qt, (bh * ntile + it) * r, kt, (bh * nbl + jb * NB + jl) * r,
+                                 1, rk, never, L)
+                    for t in ti.static(range(TI)):
+                        for cc in ti.static(range(L)):
+                            w[t, jl * L + cc] = s[t, cc]
+                for t in ti.static(range(TI)):  # one row per loop: fewer live registers
+                    top = key(c(NEG_BIG))
+                    for j in range(J):
+                        top = ti.max(top, key(w[t, j]))
+                    mb = unkey(top)
+                    if mb > m[t]:
+                        # a new row maximum: re-base the sums on it
+                        scale = ti.exp(m[t] - mb)
+                        ent[t] = scale * (ent[t] + (m[t] - mb) * wsum[t])
+                        wsum[t] *= scale
+                        for a in range(rva):
+                            acc[t, a] *= scale
+                        m[t] = mb
+                for t in ti.static(range(TI)):
+                    wpart = c(0)
+                    epart = c(0)
+                    for j in range(J):
+                        zm = w[t, j] - m[t]
+                        e = exp_le0(zm)
+                        w[t, j] = e
+                        wpart += e
+                        epart += e * zm
+                    wsum[t] += wpart
+                    ent[t] += epart
+                if ti.static(lanes_j):
+                    # small rv: A components at a time, reductions along j (loop vectoriser)
+                    for ab in range(rvp // A):
+                        base = ti.Vector([0] * A)
+                        for aa in ti.static(range(A)):
+                            base[aa] = ((bh * rvp + ab * A + aa) * npu + jb * J) & INDEX_MASK
+                        part = ti.Matrix.zero(real, TI, A)
+                        for j in range(J):
+                            for aa in ti.static(range(A)):
+                                uj = uc[base[aa] + j]
+                                for t in ti.static(range(TI)):
+                                    part[t, aa] += w[t, j] * uj
+                        for aa in ti.static(range(A)):
+                            for t in ti.static(range(TI)):
+                                acc[t, ab * A + aa] += part[t, aa]
+                else:
+                    # AL components at a time: a register tile, coefficients from w
+                    for ac in range(nac * one):
+                        s = ti.Matrix.zero(real, TI, AL)
+                        ubase = (bh * nac + ac) * npu + jb * J
+                        j = 0
+                        while j < jn:  # as in tile_sum
+                            uv = uc[(ubase + j) & ELEMENT_MASK]
+                            for t in ti.static(range(TI)):
+                                wt = w[t, j]
+                                for cc in ti.static(range(AL)):
+                                    s[t, cc] += wt * uv[cc]
+                            j += 1
+                            if j == never:
+                                break
+                        for t in ti.static(range(TI)):
+                            for cc in ti.static(range(AL)):
+                                acc[t, ac * AL + cc] += s[t, cc]
+            norm = ti.Vector.zero(real, TI)
+            for t in ti.static(range(TI)):
+                i = it * TI + t
+                if i < n:
+                    if ti.static(softmax_norm):
+                        norm[t] = c(1) / wsum[t]
+                    else:
+                        norm[t] = ti.exp(m[t]) / c(n)
+                    row[b, h, i, 0] = m[t]
+                    row[b, h, i, 1] = wsum[t]
+                    row[b, h, i, 2] = ti.log(wsum[t]) - ent[t] / wsum[t]
+                    row[b, h, i, 3] = m[t] + ti.log(wsum[t])
+            for a in range(rv):
+                gv = ti.Vector.zero(real, TP)
+                for t in ti.static(range(TI)):
+                    gv[t] = acc[t, a] * norm[t]
+                gt[(bh * ntile + it) * rv + a] = gv
+
+    @ti.kernel
+    def head_out(gt: vecT, ot: vecL, f: arr4):
+        """f^h_i = O_h g^h_i: TI tokens x L components per tile (LLVM vectors, as project)."""
+        R, n = f.shape[0], f.shape[2]
+        ntile = gt.shape[0] // (R * H * rv)
+        for b, h, it, ec in ti.ndrange(R, H, ntile, ndl):
+            bh = b * H + h
+            rows = [ti.Vector.zero(real, L) for _ in ti.static(range(TI))]
+            for a in range(rv):
+                w = gt[(bh * ntile + it) * rv + a]
+                v = ot[(h * rv + a) * ndl + ec]
+                for t in ti.static(range(TI)):
+                    rows[t] += w[t] * v
+            for t in ti.static(range(TI)):
+                i = it * TI + t
+                if i < n:
+                    for cc in ti.static(range(L)):
+                        if ti.static(ndl * L == d):
+                            f[b, h, i, ec * L + cc] = rows[t][cc]
+                        elif ec * L + cc < d:
+                            f[b, h, i, ec * L + cc] = rows[t][cc]
+
+    return prep, project, pair, head_out

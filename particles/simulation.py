@@ -143,14 +143,14 @@ class Simulation:
         self._pending: list[tuple[int, int]] = []   # (step, slot) of rows not yet copied
         self._rows: list[dict] = []
         self._kern = kernels.build(self.rule, geometry, dtype, d, H, r, rv)
+        self._heads = self._kern.head_pass(R, n, keep_qk=self.entropy_rate_enabled)
         self._warm_up()
 
     # -- the operations integrators use -------------------------------------------------
     def evaluate(self, x, xdot, observe: bool) -> None:
         kern = self._kern
-        kern.project(x, self._Q, self._K, self._W, self._q, self._k, self._u)
-        kern.pair(self._q, self._k, self._u, self._beta, self._g, self._row, observe)
-        kern.head_out(self._g, self._O, self._f)
+        self._heads(x, self._Q, self._K, self._W, self._O, self._q, self._k, self._u, self._beta,
+                    self._g, self._f, self._row, observe)
         kern.combine(x, self._f, xdot, self._row, self._tok, observe)
 
     def after_first_stage(self, observe: bool) -> None:

@@ -194,3 +194,21 @@ def test_blow_up_is_reported_with_step_and_token():
     msg = str(info.value)
     assert "blow-up at step" in msg and "token" in msg and "dt" in msg
     assert info.value.step == sim.step_count
+
+
+@pytest.mark.parametrize("rule", ["softmax", "exp"])
+def test_large_tile_path_at_n_above_256_matches_reference(rule):
+    """n >= 256 takes the engine's large register tiles; hold them against the reference too."""
+    n, d, H, beta = 300, 8, 2, 1.7
+    x = random_tokens(n, d, seed=5)
+    heads = general_heads(H, d, seed=5)
+    want_v = ref.velocity(x, heads, beta, rule, "sphere")
+    want = ref.observables(x, heads, beta, rule, "sphere", entropy_rate=True)
+    for dtype in ("float64", "float32"):
+        sim = particles.Simulation(x, heads, beta=beta, rule=rule, dtype=dtype, entropy_rate=True)
+        assert rel_err(sim.velocity(), want_v) < RTOL[dtype]
+        sim.observe()
+        row = sim.take_rows()[0]
+        tol = 1e-9 if dtype == "float64" else 1e-4
+        for key in ("energy_h1", "entropy_mean_h0", "radial_mean_h1", "kinetic", "entropy_rate_h0"):
+            assert abs(row[key] - want[key]) <= tol * max(abs(want[key]), 1e-3), (dtype, key)
