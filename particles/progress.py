@@ -37,10 +37,10 @@ class Progress:
         if now - self._last_line >= 5.0 or self.done >= self.total:
             self._last_line = now
             rate = (self.done - self._start_step) / max(now - self._start, 1e-9)
-            eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+            eta = f"{(self.total - self.done) / rate:.0f} s" if rate > 0 else "?"
             extra = "".join(f" {k}={v}" for k, v in info.items())
             print(f"step {self.done}/{self.total} ({100 * self.done / max(self.total, 1):.0f}%) "
-                  f"{rate:.1f} steps/s, ETA {eta:.0f} s{extra}", file=self.stream, flush=True)
+                  f"{rate:.1f} steps/s, ETA {eta}{extra}", file=self.stream, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:
