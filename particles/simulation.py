@@ -130,8 +130,15 @@ class Simulation:
         self.x = arr(R, n, d)
         self.x.from_numpy(x.astype(self._np_real))
         self.xdot, self.stage_x, self.stage_acc = arr(R, n, d), arr(R, n, d), arr(R, n, d)
-        self._q, self._k = arr(R, H, n, r), arr(R, H, n, r)
-        self._u, self._g = arr(R, H, n, rv), arr(R, H, n, rv)
+        self._kern = kernels.build(self.rule, geometry, dtype, d, H, r, rv)
+        self._heads = self._kern.head_pass(R, n, keep_qk=self.entropy_rate_enabled)
+        # The tiled fast path packs its own operands: it reads none of q, k, u, g, and writes
+        # q, k only for the entropy rate. Unused ones get a one-element stand-in of the same rank.
+        fast = isinstance(self._heads, kernels.FastHeads)
+        tokens_qk = n if (not fast or self.entropy_rate_enabled) else 1
+        tokens_ug = 1 if fast else n
+        self._q, self._k = arr(R, H, tokens_qk, r), arr(R, H, tokens_qk, r)
+        self._u, self._g = arr(R, H, tokens_ug, rv), arr(R, H, tokens_ug, rv)
         self._f = arr(R, H, n, d)
         self._row = arr(R, H, n, 4)
         self._tok = arr(R, n, kernels.n_tok_slots(H))
@@ -142,8 +149,6 @@ class Simulation:
         self._sumx = arr(self._batch, R, d, 1, dt=ti.f64)
         self._pending: list[tuple[int, int]] = []   # (step, slot) of rows not yet copied
         self._rows: list[dict] = []
-        self._kern = kernels.build(self.rule, geometry, dtype, d, H, r, rv)
-        self._heads = self._kern.head_pass(R, n, keep_qk=self.entropy_rate_enabled)
         self._warm_up()
 
     # -- the operations integrators use -------------------------------------------------
