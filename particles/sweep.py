@@ -168,13 +168,8 @@ def load_sweep(name_or_path) -> "Sweep":
         return name_or_path
     path = _find_sweep_file(name_or_path)
     source = str(name_or_path)
-    try:
-        with open(path, "rb") as fh:
-            raw = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise SweepError(source, [f"invalid TOML: {exc}"]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SweepError(source, [f"cannot read the file: {exc}"]) from None
+    from scenes.scene import read_toml
+    raw = read_toml(path, source, SweepError)
     return Sweep.from_dict(raw, source=source, base_dir=path.resolve().parent, path=path.resolve())
 
 

@@ -135,14 +135,7 @@ class Scene:
         source = str(path)
         if not p.is_file():
             raise SceneError(source, [f"file not found: '{p.resolve()}'"])
-        try:
-            with open(p, "rb") as fh:
-                raw = tomllib.load(fh)
-        except tomllib.TOMLDecodeError as exc:
-            raise SceneError(source, [f"invalid TOML: {exc}"]) from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SceneError(source, [f"cannot read the file: {exc}"]) from None
-        raw = apply_overrides(raw, overrides, source)
+        raw = apply_overrides(read_toml(p, source), overrides, source)
         return cls.from_dict(raw, source=source, base_dir=p.resolve().parent, path=p.resolve())
 
     # contents ------------------------------------------------------------------
@@ -309,6 +302,17 @@ def _index(node: list, part: str, where, text) -> int:
 
 
 # ----------------------------------------------------------------------------- loading
+
+def read_toml(path: Path, source: str, error=SceneError) -> dict:
+    """The TOML file as a dict; syntax or read errors become `error` naming `source`."""
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise error(source, [f"invalid TOML: {exc}"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(source, [f"cannot read the file: {exc}"]) from None
+
 
 def bundled_scenes() -> dict[str, tuple[Path, str]]:
     """Bundled scene name -> (path, one-line description), sorted by name."""
