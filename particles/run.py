@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
-from .observables import columns, pairwise_extremes
+from .observables import cluster_stats, columns
 from .output import LogWriter, TrajectoryWriter, atomic_write_bytes, write_json
 from .progress import Progress
 from .rules import get_rule, load_rule_file
@@ -295,9 +295,10 @@ class Runner:
         if self.traj and s % self.traj_every == 0:
             self.traj.add(s, s * sim.dt, tokens)
         if self.clusters_every and s % self.clusters_every == 0:
-            for b, x in enumerate(tokens if sim.ensemble else [tokens]):
-                min_cos, count = pairwise_extremes(x, self.cluster_threshold)
-                self.extra[(s, b)] = {"min_cosine": min_cos, "clusters": count}
+            mins, counts = cluster_stats(tokens if sim.ensemble else tokens[None], self.cluster_threshold)
+            for b in range(sim.n_replicas):
+                count = int(counts[b]) if np.isfinite(counts[b]) else math.nan
+                self.extra[(s, b)] = {"min_cosine": float(mins[b]), "clusters": count}
         if self.anim is not None and (s % self.frame_every == 0 or s == self.steps_total):
             self._drain_rows()
             x0 = tokens[0] if sim.ensemble else tokens

@@ -16,6 +16,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from particles.observables import cluster_stats  # noqa: F401 (re-exported for sweeps)
+
 
 # ============================================================================ one unit
 
@@ -28,43 +30,6 @@ def _eps(x: np.ndarray) -> np.ndarray:
         s = u.sum(axis=1)
         gamma = (np.einsum("rd,rd->r", s, s) - n) / (n * (n - 1)) if n > 1 else np.ones(len(x))
     return 1.0 - gamma
-
-
-def cluster_stats(x, threshold: float, max_elems: int = 1 << 22):
-    """Minimum pairwise cosine and number of clusters (connected components of cos >
-    threshold) of every replica of x (R, n, d), vectorised over replicas: the same numbers as
-    ``particles.observables.pairwise_extremes`` per replica (min cosine up to rounding), without
-    its Python union-find loop. Non-finite replicas give (nan, nan). Replicas are taken in
-    chunks of at most ``max_elems`` cosines; n^2 above that falls back to pairwise_extremes."""
-    from particles.observables import pairwise_extremes
-    x = np.asarray(x, dtype=np.float64)
-    R, n, _ = x.shape
-    mins, counts = np.full(R, np.nan), np.full(R, np.nan)
-    ok = np.flatnonzero(np.isfinite(x).all(axis=(1, 2)))
-    if n * n > max_elems:
-        for b in ok:
-            mins[b], counts[b] = pairwise_extremes(x[b], threshold)
-        return mins, counts
-    idx = np.arange(n)
-    chunk = max(1, max_elems // (n * n))
-    for start in range(0, ok.size, chunk):
-        sel = ok[start:start + chunk]
-        u = x[sel] / np.linalg.norm(x[sel], axis=-1, keepdims=True)
-        cos = np.matmul(u, np.swapaxes(u, 1, 2))
-        cos[:, idx, idx] = np.inf
-        mins[sel] = cos.min(axis=(1, 2)) if n > 1 else 1.0
-        adj = cos > threshold
-        adj[:, idx, idx] = False
-        labels = np.broadcast_to(idx, (sel.size, n)).copy()
-        while True:   # min-label propagation with pointer jumping: labels -> min id of the component
-            cand = np.where(adj, labels[:, None, :], n).min(axis=2)
-            new = np.minimum(labels, cand)
-            new = np.take_along_axis(new, new, axis=1)
-            if np.array_equal(new, labels):
-                break
-            labels = new
-        counts[sel] = (labels == idx).sum(axis=1)
-    return mins, counts
 
 
 def run_unit(unit: dict) -> dict:
