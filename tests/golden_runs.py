@@ -36,8 +36,8 @@ SWEEP = {
 
 
 def _api():
-    from particles.run import resume_run, run_scene
-    from particles.sweep import Sweep, run_sweep
+    from particles.app.run import resume_run, run_scene
+    from particles.app.sweep import Sweep, run_sweep
     return run_scene, resume_run, Sweep, run_sweep
 
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from particles.output import load_log
-from particles.run import run_scene
+from particles.app.run import run_scene
 from scenes import bundled_scenes, load_scene
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from particles.run import run_scene
+from particles.app.run import run_scene
 from scenes import Scene, SceneError, load_scene
 
 QUIET = dict(render=False, progress=False, echo=lambda *a: None)

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import reference
-from particles.reproduce import EXPERIMENTS, main
-from particles.reproduce.common import beta_star, c_star, phi, rho_crossing_beta, rho_orthonormal
-from particles.reproduce.e3_critical import gamma_path_exp, rho_equiangular
-from particles.reproduce.e4_heterogeneous import closed_crossing, lambda_c
+from particles.app.reproduce import EXPERIMENTS, main
+from particles.app.reproduce.common import beta_star, c_star, phi, rho_crossing_beta, rho_orthonormal
+from particles.app.reproduce.e3_critical import gamma_path_exp, rho_equiangular
+from particles.app.reproduce.e4_heterogeneous import closed_crossing, lambda_c
 
 
 # ----------------------------------------------------------------------------- closed forms (no engine)

@@ -12,9 +12,9 @@ import pytest
 import reference
 from particles import Simulation
 from particles.observables import pairwise_extremes
-from particles.sweep import (ABORT_ENV, LEDGER, SweepAborted, SweepError, Sweep, cli_sweep,
+from particles.app.sweep import (ABORT_ENV, LEDGER, SweepAborted, SweepError, Sweep, cli_sweep,
                              is_sweep_dir, load_results, load_sweep, run_sweep)
-from particles.sweep_executors import cluster_stats, run_unit
+from particles.app.sweep.executors import cluster_stats, run_unit
 from scenes.scene import build_heads, build_tokens
 
 SMALL = """\
@@ -311,7 +311,7 @@ def test_ray_executor_gives_the_same_table(reference_run, tmp_path):
 # ----------------------------------------------------------------------------- plots and CLI
 
 def test_equiangular_time_matches_the_reference_ode():
-    from render.sweep_plots import beta_star, equiangular_time
+    from particles.app.sweep.plots import beta_star, equiangular_time
     for rule, lam, beta in (("softmax", [1.0, 1.0], 2.0), ("exp", [0.5, 1.5], 1.0)):
         T = equiangular_time([beta], lam, 8, rule, 0.0, 0.99)[0]
         g = reference.solve_equiangular_gamma(0.0, lam, beta, 8, rule, t_end=T, dt=1e-3)
@@ -320,7 +320,7 @@ def test_equiangular_time_matches_the_reference_ode():
 
 
 def test_plots_and_cli(reference_run, tmp_path, capsys):
-    from render.sweep_plots import plot_sweep
+    from particles.app.sweep.plots import plot_sweep
     path = write(tmp_path, """\
         [tokens]
         n = 4

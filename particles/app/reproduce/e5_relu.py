@@ -8,7 +8,7 @@ import numpy as np
 
 from scenes import configurations, load_scene
 
-from ..heads import Head
+from particles.heads import Head
 from .common import Check, Result, figure, first_crossing_time, fit_line, fmt, make_sim, md_table, panel_label, \
     plain_log_axis, rows_to_trace, save
 

@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..simulation import Simulation
+from particles.simulation import Simulation
 
 # ----------------------------------------------------------------------------- closed forms
 # (the same formulas as tests/reference.py; restated here so the package never imports tests)

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .animation import Animation
-from .config import RenderConfig, RunInfo
+from render.animation import Animation
+from render.config import RenderConfig, RunInfo
 
 
 def render_config(render_section: dict, **overrides) -> RenderConfig:

@@ -58,7 +58,7 @@ def _positive_int(text: str) -> int:
 
 
 def cmd_run(args) -> int:
-    from particles.run import run_scene
+    from particles.app.run import run_scene
     scene = _load(args.scene, args.set, args.steps, args.arch, args.dtype)
     result = run_scene(scene, args.out, render=not args.no_render, progress=not args.quiet,
                        checkpoint_every=args.checkpoint_every or 0, echo=print)
@@ -67,7 +67,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_resume(args) -> int:
-    from particles.run import resume_run
+    from particles.app.run import resume_run
     run_dir = Path(args.run_dir)
     if not (run_dir / "scene.toml").is_file():
         raise UserError(f"{str(run_dir)!r} is not a run directory (no scene.toml in it)")
@@ -129,12 +129,12 @@ def cmd_new(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from particles.sweep import cli_sweep
+    from particles.app.sweep import cli_sweep
     return cli_sweep(args)
 
 
 def cmd_reproduce(args) -> int:
-    from particles.reproduce import main as reproduce
+    from particles.app.reproduce import main as reproduce
     report = reproduce(quick=args.quick, out_dir=Path(args.out))
     print(f"report: {report}")
     return 0
@@ -142,10 +142,10 @@ def cmd_reproduce(args) -> int:
 
 def cmd_plot(args) -> int:
     from render import plot_summary
-    from particles.sweep import is_sweep_dir
+    from particles.app.sweep import is_sweep_dir
     run_dir = Path(args.run_dir)
     if is_sweep_dir(run_dir):
-        from render.sweep_plots import plot_sweep
+        from particles.app.sweep.plots import plot_sweep
         try:
             paths = plot_sweep(run_dir)
         except ValueError as err:
@@ -163,7 +163,7 @@ def cmd_plot(args) -> int:
 
 
 def cmd_render(args) -> int:
-    from render.rerender import rerender
+    from particles.app.rerender import rerender
     run_dir = Path(args.run_dir)
     if not (run_dir / "scene.toml").is_file():
         raise UserError(f"{str(run_dir)!r} is not a run directory (no scene.toml in it)")

@@ -26,12 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
-from .observables import cluster_stats, columns
-from .output import LogWriter, TrajectoryWriter, atomic_write_bytes, write_json
+from particles import __version__
+from particles.observables import cluster_stats, columns
+from particles.output import LogWriter, TrajectoryWriter, atomic_write_bytes, write_json
 from .progress import Progress
-from .rules import get_rule, load_rule_file
-from .simulation import BlowUpError, Simulation
+from particles.rules import get_rule, load_rule_file
+from particles.simulation import BlowUpError, Simulation
 
 CHECKPOINT = "checkpoint.npz"
 PREVIOUS_CHECKPOINT = "previous-checkpoint.npz"
@@ -191,7 +191,7 @@ class Runner:
     # -- setup helpers ------------------------------------------------------------------------
     def _open_animation(self, resume: bool):
         from render import Animation
-        from render.rerender import render_config, run_info
+        from .rerender import render_config, run_info
         sim = self.sim
         projection = self.rendercfg.get("projection", "pca_initial")
         if projection == "pca_final":  # the final tokens do not exist yet during a live run

@@ -8,7 +8,7 @@ import numpy as np
 
 from scenes import load_scene
 
-from ..heads import Head
+from particles.heads import Head
 from .common import (Check, Result, bracket_mid, figure, fit_line, fmt, make_sim, md_table, multisection,
                      panel_label, phi, reset, run, run_on, save)
 

@@ -1,6 +1,6 @@
 """Figures of a parameter sweep's results table (``particles.sweep``).
 
-    from render.sweep_plots import plot_sweep, plot_phase_diagram, plot_clustering_time
+    from particles.app.sweep.plots import plot_sweep, plot_phase_diagram, plot_clustering_time
     plot_sweep("sweeps/phase_diagram_1head")      # picks the figures that apply
 
 Every figure is a matplotlib ``Figure`` on the Agg canvas (pyplot is never touched), written
@@ -76,7 +76,7 @@ def equiangular_time(betas, strengths, n: int, rule: str = "softmax", gamma0: fl
 # ============================================================================ reading
 
 def _load(results_csv):
-    from particles.sweep import load_results
+    from particles.app.sweep.spec import load_results
     path = Path(results_csv)
     if path.is_dir():
         path = path / "results.csv"

@@ -1,7 +1,7 @@
 """Parameter sweeps: a scene plus axes, expanded to replicas, batched into ensembles, streamed
 to a results table that survives a kill.
 
-    from particles.sweep import load_sweep, run_sweep
+    from particles.app.sweep import load_sweep, run_sweep
     table = run_sweep("phase_diagram_1head", "sweeps/pd1")       # -> sweeps/pd1/results.csv
 
 A sweep file (TOML) is a scene plus two tables::
@@ -615,7 +615,7 @@ def _record_spec(raw: dict, problems: list) -> dict:
 
 
 def _valid_observables(H: int) -> list[str]:
-    from .observables import columns
+    from particles.observables import columns
     cols = columns(H, entropy_rate=True, clusters=False, ensemble=False)
     return [c for c in cols if c not in ("step", "time")]
 
@@ -786,7 +786,7 @@ def _read_ledger(path: Path) -> dict[str, dict]:
 
 
 def _write_ledger(path: Path, done: dict[str, dict]) -> None:
-    from .output import atomic_write_text
+    from particles.output import atomic_write_text
     atomic_write_text(path, "".join(f"{u}\t{v['rows']}\t{v['attempt']}\t{v['seconds']!r}\n"
                                     for u, v in done.items()))
 
@@ -824,7 +824,7 @@ class ResultStore:
         self.started = time.time()
         self.write_meta("running")
         if sweep.path is not None:
-            from .output import atomic_write_text
+            from particles.output import atomic_write_text
             atomic_write_text(self.dir / COPY, Path(sweep.path).read_text())
         self._fh = open(self.results, "a", newline="", encoding="utf-8")
         self._ledger_fh = open(self.ledger, "a", encoding="utf-8")
@@ -846,7 +846,7 @@ class ResultStore:
     def _repair(self) -> None:
         """Keep the header and the rows of ledgered units; rewrite the file if anything goes."""
         header = _csv_line(self.sweep.columns)
-        from .output import atomic_write_text
+        from particles.output import atomic_write_text
         if not self.results.is_file():          # a fresh folder (or the table was deleted)
             atomic_write_text(self.results, header + "\n")
             atomic_write_text(self.ledger, "")
@@ -876,7 +876,7 @@ class ResultStore:
             atomic_write_text(self.results, "\n".join(keep) + "\n")
 
     def write_meta(self, status: str, extra: dict | None = None) -> None:
-        from .output import write_json
+        from particles.output import write_json
         sw = self.sweep
         info = {"kind": "sweep", "name": sw.name, "description": sw.description,
                 "source": str(sw.path or sw.source), "hash": sw.spec_hash, "status": status,
@@ -969,7 +969,7 @@ def run_sweep(path, out_dir, executor: str = "local", address: str | None = None
     local cluster with ``workers`` CPUs when address is None; each unit is one Ray task).
     Finished units (``units_done.txt``) are skipped, so rerunning a killed sweep continues it.
     """
-    from . import sweep_executors as ex_mod
+    from . import executors as ex_mod
     sweep = load_sweep(path)
     if executor not in ("local", "ray"):
         raise SweepError("--executor", [f"expected 'local' or 'ray', got {executor!r}"],

@@ -8,7 +8,7 @@ import numpy as np
 
 from scenes import configurations, load_scene
 
-from ..heads import Head
+from particles.heads import Head
 from .common import (Check, Result, beta_star, bracket_mid, c_star, figure, fmt, last_transition, make_sim,
                      md_table, multisection, observe_once, panel_label, plain_log_axis, reset, rho_crossing_beta,
                      rho_orthonormal, rows_to_trace, run_on, save)

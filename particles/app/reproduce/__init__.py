@@ -1,6 +1,6 @@
 """`particles reproduce`: run every quantitative result of the paper with the engine, write a report.
 
-    from particles.reproduce import main
+    from particles.app.reproduce import main
     report = main(quick=True, out_dir=Path("repro"))   # -> repro/report.md (+ report.json, PNGs)
 
 One module per experiment (``e1_energy`` ... ``e7_near_orthogonal``); each exposes
@@ -39,8 +39,8 @@ __all__ = ["main", "EXPERIMENTS"]
 def main(quick: bool, out_dir: Path, only=None) -> Path:
     """Run the experiments (all, or the keys in ``only``), write report.md, report.json and the
     figures into ``out_dir``, print one progress line per experiment; return report.md's path."""
-    from .. import __version__
-    from ..backend import init
+    from particles import __version__
+    from particles.backend import init
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
