@@ -8,6 +8,8 @@ import numpy as np
 from render.animation import Animation
 from render.config import RenderConfig, RunInfo
 
+from .build import build_simulation
+
 
 def render_config(render_section: dict, **overrides) -> RenderConfig:
     """RenderConfig from a scene's resolved [render] section (plus overrides)."""
@@ -58,13 +60,9 @@ def rerender(run_dir, out=None, **overrides) -> Path:
     if path.suffix.lower() not in (".mp4", ".gif"):
         raise ValueError(f"output {str(path)!r}: the extension must be .mp4 or .gif")
     sim = None
-    if cfg.color_by in ("radial", "entropy"):
-        import particles
-        dyn = scene.data["dynamics"]
-        if dyn.get("rule_file"):
-            particles.load_rule_file(dyn["rule_file"])
-        sim = particles.Simulation(tokens[0], heads, beta=meta["beta"][0], rule=dyn["rule"],
-                                   geometry=dyn["geometry"], dtype=dyn["dtype"], arch=dyn["arch"])
+    if cfg.color_by in ("radial", "entropy"):  # per-token values: one evaluation per frame
+        sim = build_simulation(scene, tokens=tokens[0], heads=heads, beta=meta["beta"][0],
+                               entropy_rate=False)
     panel_keys = [k for k in log if k in ("time", "energy") or
                   k.startswith(("energy_h", "radial_dominance_h", "entropy_mean_h"))]
     with Animation(path, cfg, run_info(scene, heads, meta["beta"][0]), t_end=float(times[-1]),

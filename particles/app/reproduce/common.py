@@ -15,6 +15,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from particles.drive import AT_END, Every, Rows, drive
 from particles.simulation import Simulation
 
 # ----------------------------------------------------------------------------- closed forms
@@ -108,12 +109,17 @@ def run(tokens, heads, beta, *, steps: int, observe_every: int = 1, **kw) -> Tra
     """Run ``steps`` steps observing every ``observe_every``; the final state is observed too."""
     t0 = time.perf_counter()
     sim = make_sim(tokens, heads, beta, **kw)
-    sim.advance(steps, observe_every=observe_every)
-    sim.observe()   # advance observes states before stepping from them; add the final one
-    trace = rows_to_trace(sim.take_rows(), sim.n_replicas)
+    trace = rows_to_trace(_drive_rows(sim, steps, observe_every), sim.n_replicas)
     trace.wall = time.perf_counter() - t0
     trace.sim = sim
     return trace
+
+
+def _drive_rows(sim: Simulation, steps: int, observe_every: int) -> list[dict]:
+    """The rows of every observe_every-th state and of the final one, through the drive loop."""
+    rows = Rows(Every(observe_every) | AT_END)
+    drive(sim, [rows], sim.step_count + int(steps))
+    return rows.rows
 
 
 def reset(sim: Simulation, tokens, beta) -> Simulation:
@@ -170,9 +176,7 @@ def _rows_match(a: list[dict], b: list[dict], rtol: float = 1e-12) -> bool:
 def run_on(sim: Simulation, steps: int, observe_every: int = 1) -> Trace:
     """Advance an existing (reset) Simulation and return its trace, final state included."""
     t0 = time.perf_counter()
-    sim.advance(steps, observe_every=observe_every)
-    sim.observe()
-    trace = rows_to_trace(sim.take_rows(), sim.n_replicas)
+    trace = rows_to_trace(_drive_rows(sim, steps, observe_every), sim.n_replicas)
     trace.wall = time.perf_counter() - t0
     return trace
 

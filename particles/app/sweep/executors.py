@@ -16,7 +16,10 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from particles.observables import cluster_stats  # noqa: F401 (re-exported for sweeps)
+from particles.drive import AT_END, NEVER, At, Every, Writer, drive
+from particles.observables import cluster_stats
+
+from ..build import build_simulation
 
 
 # ============================================================================ one unit
@@ -32,72 +35,77 @@ def _eps(x: np.ndarray) -> np.ndarray:
     return 1.0 - gamma
 
 
+class _Record(Writer):
+    """The unit's record steps: observables (their rows), cluster counts, min cosine."""
+
+    def __init__(self, rec: dict, R: int):
+        self.steps = [int(s) for s in rec["steps"]]
+        self.where = {s: k for k, s in enumerate(self.steps)}
+        self.names = list(rec["observables"])
+        self.threshold = rec["threshold"]
+        self.trigger = At(self.steps)
+        self.observe = At(self.steps) if self.names else NEVER
+        self.needs = frozenset({"tokens"}) if (rec["clusters"] or rec["min_cosine"]) else frozenset()
+        T = len(self.steps)
+        self.values = np.full((R, T, len(self.names)), np.nan)
+        self.clusters = np.full((R, T), np.nan) if rec["clusters"] else None
+        self.min_cos = np.full((R, T), np.nan) if rec["min_cosine"] else None
+
+    def on_state(self, state):
+        if state.tokens is None:
+            return
+        mc, count = cluster_stats(state.tokens, self.threshold)
+        k = self.where[state.step]
+        if self.clusters is not None:
+            self.clusters[:, k] = count
+        if self.min_cos is not None:
+            self.min_cos[:, k] = mc
+
+    def on_rows(self, rows):
+        for row in rows:
+            self.values[row["replica"], self.where[row["step"]]] = [row.get(o, math.nan) for o in self.names]
+
+
+class _ClusteringTime(Writer):
+    """The first recorded time at which eps < threshold, per replica (nan: never)."""
+
+    needs = frozenset({"tokens"})
+
+    def __init__(self, rec: dict, R: int):
+        self.threshold = rec["clustering_time"]
+        self.trigger = Every(int(rec.get("clustering_every", 1))) | At(rec["steps"]) | AT_END
+        self.first = np.full(R, np.nan)
+
+    def on_state(self, state):
+        newly = np.isnan(self.first) & (_eps(state.tokens) < self.threshold)
+        self.first[newly] = state.time
+
+
 def run_unit(unit: dict) -> dict:
     """Run one work unit: one ensemble Simulation of its replicas (tokens (R, n, d), one beta
     each), recording observables / clusters at the record steps and the first step where
-    eps < the clustering threshold. Returns a dict of arrays (see ``particles.sweep``)."""
+    eps < the clustering threshold. Returns a dict of arrays (see ``particles.app.sweep``)."""
     t0 = time.perf_counter()
-    from particles.rules import load_rule_file
-    from particles.simulation import Simulation
     from scenes.scene import build_heads, build_tokens
 
     scene, rec = unit["scene"], unit["record"]
-    dyn = scene["dynamics"]
-    d = scene["tokens"]["d"]
-    if dyn.get("rule_file"):
-        load_rule_file(dyn["rule_file"])
     tokens = np.stack([build_tokens(dict(t, replicas=1)) for t in unit["tokens"]])
-    heads = build_heads(scene["heads"], d)
+    heads = build_heads(scene["heads"], scene["tokens"]["d"])
     obs = list(rec["observables"])
-    sim = Simulation(tokens, heads, beta=np.asarray(unit["betas"], dtype=np.float64),
-                     rule=dyn["rule"], geometry=dyn["geometry"], dt=dyn["dt"],
-                     integrator=dyn["integrator"], dtype=dyn["dtype"], arch=dyn["arch"],
-                     entropy_rate=any(o.startswith("entropy_rate_h") for o in obs))
-    R, steps_total, dt = sim.n_replicas, int(dyn["steps"]), sim.dt
-    rec_steps = [int(s) for s in rec["steps"]]
-    where = {s: k for k, s in enumerate(rec_steps)}
-    T = len(rec_steps)
-    values = np.full((R, T, len(obs)), np.nan)
-    want_pairs = rec["clusters"] or rec["min_cosine"]
-    clusters = np.full((R, T), np.nan) if rec["clusters"] else None
-    min_cos = np.full((R, T), np.nan) if rec["min_cosine"] else None
-    ct_thr = rec.get("clustering_time")
-    first = np.full(R, np.nan) if ct_thr is not None else None
-    events = set(rec_steps)
-    if ct_thr is not None:
-        every = int(rec.get("clustering_every", 1))
-        events |= set(range(0, steps_total + 1, every)) | {steps_total}
-    cur = 0
-    for s in sorted(events):
-        if s > cur:
-            sim.advance(s - cur)
-            cur = s
-        x = None
-        k = where.get(s)
-        if k is not None:
-            if obs:
-                sim.observe()              # rows are collected at the end (take_rows batches)
-            if want_pairs:
-                x = sim.native_tokens()
-                mc, count = cluster_stats(x, rec["threshold"])
-                if clusters is not None:
-                    clusters[:, k] = count
-                if min_cos is not None:
-                    min_cos[:, k] = mc
-        if first is not None:
-            if x is None:
-                x = sim.native_tokens()
-            eps = _eps(x)
-            newly = np.isnan(first) & (eps < ct_thr)
-            first[newly] = s * dt
-    if obs:
-        for row in sim.take_rows():
-            values[row["replica"], where[row["step"]]] = [row.get(o, math.nan) for o in obs]
+    sim = build_simulation(scene, tokens=tokens, heads=heads,
+                           beta=np.asarray(unit["betas"], dtype=np.float64),
+                           entropy_rate=any(o.startswith("entropy_rate_h") for o in obs))
+    record = _Record(rec, sim.n_replicas)
+    writers = [record]
+    if rec.get("clustering_time") is not None:
+        writers.append(_ClusteringTime(rec, sim.n_replicas))
+    drive(sim, writers, int(scene["dynamics"]["steps"]))
     x = sim.native_tokens()
     nonfinite = ~np.isfinite(x).all(axis=(1, 2))
-    return {"id": unit["id"], "points": list(unit["points"]), "steps": rec_steps,
-            "times": [s * dt for s in rec_steps], "observables": obs, "values": values,
-            "clusters": clusters, "min_cosine": min_cos, "clustering_time": first,
+    return {"id": unit["id"], "points": list(unit["points"]), "steps": record.steps,
+            "times": [s * sim.dt for s in record.steps], "observables": obs, "values": record.values,
+            "clusters": record.clusters, "min_cosine": record.min_cos,
+            "clustering_time": writers[1].first if len(writers) > 1 else None,
             "nonfinite": int(nonfinite.sum()), "arch": sim.arch, "pid": os.getpid(),
             "seconds": time.perf_counter() - t0}
 
