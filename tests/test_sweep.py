@@ -311,7 +311,7 @@ def test_ray_executor_gives_the_same_table(reference_run, tmp_path):
 # ----------------------------------------------------------------------------- plots and CLI
 
 def test_equiangular_time_matches_the_reference_ode():
-    from particles.app.sweep.plots import beta_star, equiangular_time
+    from particles.theory import beta_star, equiangular_time
     for rule, lam, beta in (("softmax", [1.0, 1.0], 2.0), ("exp", [0.5, 1.5], 1.0)):
         T = equiangular_time([beta], lam, 8, rule, 0.0, 0.99)[0]
         g = reference.solve_equiangular_gamma(0.0, lam, beta, 8, rule, t_end=T, dt=1e-3)

@@ -18,41 +18,8 @@ from matplotlib.figure import Figure
 from particles.drive import AT_END, Every, Rows, drive
 from particles.simulation import Simulation
 
-# ----------------------------------------------------------------------------- closed forms
-# (the same formulas as tests/reference.py; restated here so the package never imports tests)
-
-
-def c_star(H: float) -> float:
-    """c*(H) = (sqrt((H-1)^2 + 4) - (H-1)) / 2, the root in (0, 1] of c^2 + (H-1) c = 1."""
-    return float((math.sqrt((H - 1.0) ** 2 + 4.0) - (H - 1.0)) / 2.0)
-
-
-def beta_star(H: int, n: int, alpha: float) -> float:
-    """Theorem 19: beta* = 1/(2 alpha) ln(c*^2 (n-1) / (1 - c*^2)) (+inf for H = 1)."""
-    c = c_star(H)
-    if c >= 1.0:
-        return math.inf
-    return float(math.log(c * c * (n - 1) / (1.0 - c * c)) / (2.0 * alpha))
-
-
-def rho_orthonormal(H: int, n: int, alpha: float, beta: float) -> float:
-    """rho_h at orthonormal tokens, H identical scalar heads alpha I: (H-1) e^{2 beta alpha}/(n-1)."""
-    return float((H - 1) * math.exp(2.0 * beta * alpha) / (n - 1))
-
-
-def rho_crossing_beta(H: int, n: int, alpha: float) -> float:
-    """The beta at which rho_h(t=0) = 1 at orthonormal tokens: ln((n-1)/(H-1)) / (2 alpha)."""
-    if H <= 1:
-        return math.inf
-    return float(math.log((n - 1.0) / (H - 1.0)) / (2.0 * alpha))
-
-
-def phi(lam, beta: float, n: int):
-    """phi(lambda) = 2 lambda / (e^{lambda beta} + n - 1): one scalar head's early rate at gamma = 0."""
-    lam = np.asarray(lam, dtype=np.float64)
-    out = 2.0 * lam / (np.exp(lam * beta) + n - 1.0)
-    return float(out) if out.ndim == 0 else out
-
+# closed forms: one home, particles.theory (re-exported here for the experiments)
+from particles.theory import beta_star, c_star, phi, rho_crossing_beta, rho_orthonormal  # noqa: E402,F401
 
 # ----------------------------------------------------------------------------- running
 

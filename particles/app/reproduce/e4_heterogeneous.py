@@ -9,28 +9,12 @@ import numpy as np
 from scenes import load_scene
 
 from particles.heads import Head
+from particles.theory import lambda_c  # noqa: F401 (experiments and tests import it from here)
 from .common import (Check, Result, bracket_mid, figure, fit_line, fmt, make_sim, md_table, multisection,
                      panel_label, phi, reset, run, run_on, save)
 
 
 # ----------------------------------------------------------------------------- closed forms
-
-def lambda_c(beta: float, n: int) -> float:
-    """Inflection point of phi(lambda) = 2 lambda / (e^{beta lambda} + n - 1).
-
-    phi'' = 0  <=>  e^u (u - 2) = (n - 1)(u + 2) with u = beta lambda (the root with u > 2),
-    solved by bisection to machine precision.
-    """
-    m = n - 1.0
-    g = lambda u: math.exp(u) * (u - 2.0) - m * (u + 2.0)  # noqa: E731
-    lo, hi = 2.0, 4.0
-    while g(hi) < 0:
-        hi *= 2
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if g(mid) < 0 else (lo, mid)
-    return 0.5 * (lo + hi) / beta
-
 
 def closed_crossing(r: float, beta: float, n: int, lo: float, hi: float) -> float:
     """The mean strength where phi(l(1-r)) + phi(l(1+r)) - 2 phi(l) changes sign (het. = hom. early rate)."""

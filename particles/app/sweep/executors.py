@@ -18,22 +18,12 @@ import numpy as np
 
 from particles.drive import AT_END, NEVER, At, Every, Writer, drive
 from particles.observables import cluster_stats
+from particles.theory import eps_of_tokens
 
 from ..build import build_simulation
 
 
 # ============================================================================ one unit
-
-def _eps(x: np.ndarray) -> np.ndarray:
-    """eps = 1 - mean pairwise cosine per replica of x (R, n, d), as in the log (unit tokens)."""
-    x = np.asarray(x, dtype=np.float64)
-    n = x.shape[1]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        u = x / np.linalg.norm(x, axis=-1, keepdims=True)
-        s = u.sum(axis=1)
-        gamma = (np.einsum("rd,rd->r", s, s) - n) / (n * (n - 1)) if n > 1 else np.ones(len(x))
-    return 1.0 - gamma
-
 
 class _Record(Writer):
     """The unit's record steps: observables (their rows), cluster counts, min cosine."""
@@ -77,7 +67,7 @@ class _ClusteringTime(Writer):
         self.first = np.full(R, np.nan)
 
     def on_state(self, state):
-        newly = np.isnan(self.first) & (_eps(state.tokens) < self.threshold)
+        newly = np.isnan(self.first) & (eps_of_tokens(state.tokens) < self.threshold)
         self.first[newly] = state.time
 
 

@@ -19,58 +19,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
-_trapezoid = getattr(np, "trapezoid", None) or getattr(np, "trapz")   # NumPy 2 renamed trapz
+from particles.theory import beta_star, c_star, equiangular_rhs, equiangular_time  # noqa: F401
+
 FIXED = ("tokens.n", "tokens.d", "H", "tokens.seed", "dynamics.beta")
 REPLICA_COLUMNS = ("tokens.seed", "dynamics.beta")
-
-
-# ============================================================================ theory
-
-def c_star(H: int) -> float:
-    """c*(H) = (sqrt((H-1)^2 + 4) - (H-1)) / 2  (MODEL.md, Theorem 19)."""
-    return (math.sqrt((H - 1) ** 2 + 4) - (H - 1)) / 2
-
-
-def beta_star(H: int, n: int, alpha: float = 1.0) -> float:
-    """Theorem 19's critical inverse temperature for H scalar heads alpha I and n orthonormal
-    tokens: 1/(2 alpha) ln(c*^2 (n-1) / (1 - c*^2)); nan for H < 2 (no radial coupling)."""
-    if H < 2 or n < 2 or alpha <= 0:
-        return math.nan
-    c = c_star(H)
-    return math.log(c * c * (n - 1) / (1 - c * c)) / (2 * alpha)
-
-
-def equiangular_rhs(gamma, strengths, beta: float, n: int, rule: str = "softmax"):
-    """dgamma/dt = 2 kappa(gamma) (1 - gamma) (1 + (n-1) gamma) (MODEL.md, Theorem 22)."""
-    g = np.asarray(gamma, dtype=np.float64)
-    lam = np.asarray(strengths, dtype=np.float64).reshape(-1, *([1] * g.ndim))
-    if rule == "softmax":
-        # lambda e^{b l g} / (e^{b l} + (n-1) e^{b l g}) = lambda / (e^{b l (1-g)} + n - 1)
-        kappa = np.sum(lam / (np.exp(beta * lam * (1.0 - g)) + (n - 1.0)), axis=0)
-    elif rule == "exp":
-        kappa = np.sum(lam * np.exp(beta * lam * g), axis=0) / n
-    else:
-        raise ValueError("the equiangular ODE is known for rules 'softmax' and 'exp'")
-    return 2.0 * kappa * (1.0 - g) * (1.0 + (n - 1.0) * g)
-
-
-def equiangular_time(betas, strengths, n: int, rule: str = "softmax", gamma0: float = 0.0,
-                     gamma1: float = 0.99, points: int = 20001) -> np.ndarray:
-    """Time for the equiangular ODE to take gamma from gamma0 to gamma1, per beta:
-    T = int_{gamma0}^{gamma1} dgamma / F(gamma) (F > 0 on (-1/(n-1), 1)), by the trapezoid rule on
-    ``points`` nodes. inf when gamma0 is a fixed point (-1/(n-1) or 1); 0 when gamma0 >= gamma1."""
-    betas = np.atleast_1d(np.asarray(betas, dtype=np.float64))
-    out = np.zeros(betas.shape)
-    if gamma0 >= gamma1:
-        return out
-    if gamma0 <= -1.0 / (n - 1) + 1e-15:
-        return np.full(betas.shape, np.inf)
-    g = np.linspace(gamma0, gamma1, points)
-    for i, b in enumerate(betas):
-        with np.errstate(over="ignore", divide="ignore"):
-            f = equiangular_rhs(g, strengths, float(b), n, rule)
-            out[i] = _trapezoid(1.0 / f, g) if np.all(f > 0) else np.inf
-    return out
 
 
 # ============================================================================ reading
