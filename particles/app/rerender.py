@@ -8,6 +8,8 @@ import numpy as np
 from render.animation import Animation
 from render.config import RenderConfig, RunInfo
 
+from particles.clusters import cluster_labels
+
 from .build import build_simulation
 
 
@@ -59,6 +61,7 @@ def rerender(run_dir, out=None, **overrides) -> Path:
     path = Path(out) if out else run_dir / ("rerender" + Path(scene.data["render"]["file"]).suffix)
     if path.suffix.lower() not in (".mp4", ".gif"):
         raise ValueError(f"output {str(path)!r}: the extension must be .mp4 or .gif")
+    threshold = float(scene.data["log"].get("cluster_threshold", 0.99))
     sim = None
     if cfg.color_by in ("radial", "entropy"):  # per-token values: one evaluation per frame
         sim = build_simulation(scene, tokens=tokens[0], heads=heads, beta=meta["beta"][0],
@@ -70,10 +73,14 @@ def rerender(run_dir, out=None, **overrides) -> Path:
         for x, t in zip(tokens, times):
             upto = log["time"] <= t + 1e-12
             values = None
+            if cfg.color_by == "cluster":   # the log's labelling, at the scene's threshold
+                values = {"cluster": cluster_labels(x, threshold)}
             if sim is not None:
                 sim.set_tokens(x)
                 sim.observe()
                 sim.take_rows()
                 values = sim.per_token()
+            if cfg.color_by == "cluster":   # the log's labelling, at the scene's threshold
+                values = {"cluster": cluster_labels(x, threshold)}
             anim.add_frame(x, float(t), {k: log[k][upto] for k in panel_keys}, token_values=values)
     return path

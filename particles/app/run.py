@@ -100,12 +100,15 @@ class Runner:
             truncate_log(self.log_path, state["log_rows"])
         else:
             scene.save(self.run_dir / "scene.toml")
+        self.cluster_threshold = float(self.logcfg.get("cluster_threshold", 0.99))
         self.log = LogCsv(self.log_path, self.columns, self.log_every, clusters_every,
-                          float(self.logcfg.get("cluster_threshold", 0.99)), append=resume)
+                          self.cluster_threshold, append=resume)
         self.traj = (Trajectory(self.run_dir / "trajectory", traj_meta, traj_every, sim.ensemble,
                                 first_chunk=first_chunk) if traj_every > 0 else None)
+        color_by = self.rendercfg.get("color_by", "index")
         self.video = Video(self._open_animation(resume), self.frame_every, self.log_every, sim.ensemble,
-                           self.rendercfg.get("color_by", "index") in ("radial", "entropy")) \
+                           color_by in ("radial", "entropy"),
+                           self.cluster_threshold if color_by == "cluster" else None) \
             if self.render_on else None
         self.checkpoint = (CheckpointWriter(self.run_dir, self.checkpoint_every, self._checkpoint_state)
                            if self.checkpoint_every else None)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from particles.drive import AT_END, NEVER, Every, Writer
-from particles.observables import cluster_stats
+from particles.clusters import cluster_labels, cluster_stats
 from particles.output import LogWriter, TrajectoryWriter
 
 PANEL_HISTORY_LIMIT = 20000
@@ -91,8 +91,10 @@ class Video(Writer):
 
     current_rows = True
 
-    def __init__(self, animation, frame_every: int, log_every: int, ensemble: bool, per_token: bool):
+    def __init__(self, animation, frame_every: int, log_every: int, ensemble: bool, per_token: bool,
+                 cluster_threshold: float | None = None):
         self.anim = animation
+        self.cluster_threshold = cluster_threshold   # colour by cluster: the log's labelling
         self.trigger = Every(frame_every) | AT_END
         self.observe = Every(log_every)
         self.ensemble = ensemble
@@ -117,6 +119,8 @@ class Video(Writer):
         values = None
         if state.per_token is not None:
             values = {k: (v[0] if self.ensemble else v) for k, v in state.per_token.items()}
+        if self.cluster_threshold is not None:
+            values = {**(values or {}), "cluster": cluster_labels(x0, self.cluster_threshold)}
         log = {k: np.asarray(v) for k, v in self.history.items()}
         self.anim.add_frame(x0, state.step * self._dt, log, token_values=values)
 

@@ -17,7 +17,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from particles.drive import AT_END, NEVER, At, Every, Writer, drive
-from particles.observables import cluster_stats
+from particles.clusters import cluster_stats
 from particles.theory import eps_of_tokens
 
 from ..build import build_simulation
