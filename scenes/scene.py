@@ -193,11 +193,8 @@ class Scene:
 
     def save(self, path) -> Path:
         """Write ``to_toml()`` to ``path`` (atomically: a temporary file, then rename)."""
-        p = Path(path)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(self.to_toml(), encoding="utf-8")
-        os.replace(tmp, p)
-        return p
+        from particles.atomic import atomic_write_text
+        return atomic_write_text(Path(path), self.to_toml())
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Scene) and self.data == other.data

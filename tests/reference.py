@@ -344,7 +344,7 @@ def _per_head_terms(x, heads, beta, rule, geometry):
 
 
 def observables(x, heads, beta, rule: RuleLike = "exp", geometry="sphere", entropy_rate=False):
-    """The logged quantities of one state, keys as in docs/CONTRACTS.md (no step/time).
+    """The logged quantities of one state, keys as the log columns of docs/LOG.md (no step/time).
 
     energy, kinetic, gamma_bar, eps, and for each head h: energy_h{h},
     tangent_power_h{h}, cross_coupling_h{h}, radial_shadow_h{h}, energy_rate_h{h},

@@ -9,6 +9,7 @@ import imageio.v3 as iio
 
 from render import Animation, RenderConfig, RunInfo, plot_quantity, plot_summary
 from particles.clusters import cluster_labels
+from particles.output import load_log
 from render.colors import cluster_colors
 from render.views import pca_basis
 
@@ -257,13 +258,13 @@ def test_plot_summary_and_quantity(tmp_path):
     names = list(log)
     np.savetxt(csv, np.column_stack([log[k] for k in names]), delimiter=",", header=",".join(names),
                comments="")
-    for source, stem in ((csv, tmp_path / "out" / "summary"), (log, tmp_path / "dict_summary")):
+    for source, stem in ((load_log(csv), tmp_path / "out" / "summary"), (log, tmp_path / "dict_summary")):
         paths = plot_summary(source, stem)
         assert [p.suffix for p in paths] == [".png", ".svg"]
         assert all(p.is_file() and p.stat().st_size > 1000 for p in paths)
     png = iio.imread(tmp_path / "out" / "summary.png")
     assert png[..., :3].std() > 10
-    out = plot_quantity(csv, "energy_rate", tmp_path / "rate.png")
+    out = plot_quantity(load_log(csv), "energy_rate", tmp_path / "rate.png")
     assert out.is_file()
     assert plot_quantity(log, "eps", tmp_path / "eps.svg").is_file()
     with pytest.raises(ValueError, match="unknown quantity"):

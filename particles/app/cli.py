@@ -141,6 +141,7 @@ def cmd_reproduce(args) -> int:
 
 
 def cmd_plot(args) -> int:
+    from particles.output import load_log
     from render import plot_summary
     from particles.app.sweep import is_sweep_dir
     run_dir = Path(args.run_dir)
@@ -157,7 +158,7 @@ def cmd_plot(args) -> int:
     if not log.is_file():
         raise UserError(f"no log found at {str(log)!r} (give a run directory holding log.csv)")
     stem = Path(args.out) if args.out else (log.parent / "summary")
-    for path in plot_summary(log, stem):
+    for path in plot_summary(load_log(log), stem):
         print(f"wrote {path}")
     return 0
 

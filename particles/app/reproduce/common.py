@@ -12,8 +12,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from render.figures import new_figure
 
 from particles.drive import AT_END, Every, Rows, drive
 from particles.simulation import Simulation
@@ -344,8 +345,7 @@ def jsonable(obj):
 
 def figure(ncols: int = 1, nrows: int = 1, width: float = 5.0, height: float = 3.8):
     """A matplotlib Figure on an Agg canvas (no pyplot state) and its axes (always a flat list)."""
-    fig = Figure(figsize=(width * ncols, height * nrows), dpi=110, layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = new_figure(width * ncols, height * nrows, dpi=110)
     axes = fig.subplots(nrows, ncols, squeeze=False)
     return fig, [ax for row in axes for ax in row]
 

@@ -15,10 +15,9 @@ import math
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import LogNorm
-from matplotlib.figure import Figure
 
+from render.figures import new_figure, save_png_svg
 from particles.theory import beta_star, c_star, equiangular_rhs, equiangular_time  # noqa: F401
 
 FIXED = ("tokens.n", "tokens.d", "H", "tokens.seed", "dynamics.beta")
@@ -76,23 +75,6 @@ def _groups(cols: dict, keys: list[str]):
             mask &= cols[k] == v
         out.append((", ".join(f"{k} = {_fmt(v)}" for k, v in zip(keys, combo)), mask))
     return out
-
-
-def _new_figure(w: float, h: float) -> Figure:
-    fig = Figure(figsize=(w, h), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig: Figure, out_stem) -> list[Path]:
-    stem = Path(out_stem)
-    if stem.suffix.lower() in (".png", ".svg"):
-        stem = stem.with_suffix("")
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = [Path(str(stem) + ".png"), Path(str(stem) + ".svg")]
-    fig.savefig(paths[0], dpi=110)
-    fig.savefig(paths[1])
-    return paths
 
 
 def _edges(c: np.ndarray, log: bool) -> np.ndarray:
@@ -167,7 +149,7 @@ def plot_phase_diagram(results_csv, out_stem, quantity: str | None = None) -> li
     panels = _groups(cols, _panel_columns(cols, header))
     ncol = min(3, math.ceil(math.sqrt(len(panels))))
     nrow = math.ceil(len(panels) / ncol)
-    fig = _new_figure(4.8 * ncol + 1.2, 3.8 * nrow + 0.4)
+    fig = new_figure(4.8 * ncol + 1.2, 3.8 * nrow + 0.4)
     axes = fig.subplots(nrow, ncol, squeeze=False)
     vals = cols[quantity].astype(float)
     fin = vals[np.isfinite(vals)]
@@ -225,7 +207,7 @@ def plot_phase_diagram(results_csv, out_stem, quantity: str | None = None) -> li
     title = meta.get("name", path.parent.name)
     n_seeds = np.unique(cols["tokens.seed"]).size
     fig.suptitle(f"{title}: {clabel} over {n_seeds} seeds", fontsize=10)
-    return _save(fig, out_stem)
+    return save_png_svg(fig, out_stem)
 
 
 def _overlays(ax, um: dict | None, cols, mask, betas, t_plot, tau: float) -> None:
@@ -279,7 +261,7 @@ def plot_clustering_time(results_csv, axis: str, out_stem) -> list[Path]:
     keys = _panel_columns(one, header, exclude=(col,)) + (["dynamics.beta"]
                                                          if np.unique(one["dynamics.beta"]).size > 1 else [])
     series = _groups(one, keys)
-    fig = _new_figure(6.4, 4.6)
+    fig = new_figure(6.4, 4.6)
     ax = fig.add_subplot()
     colors = [f"C{i % 10}" for i in range(len(series))]
     for (label, mask), color in zip(series, colors):
@@ -313,7 +295,7 @@ def plot_clustering_time(results_csv, axis: str, out_stem) -> list[Path]:
     ax.legend(fontsize=7, framealpha=0.8)
     ax.set_title(f"{meta.get('name', path.parent.name)}: clustering time against {col}",
                  fontsize=10, loc="left")
-    return _save(fig, out_stem)
+    return save_png_svg(fig, out_stem)
 
 
 # ============================================================================ entry

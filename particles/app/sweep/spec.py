@@ -78,6 +78,7 @@ from typing import Any, Callable
 import numpy as np
 
 import scenes as _scenes_pkg
+from particles.atomic import open_append
 from scenes import SceneError
 from scenes import schema as _schema
 
@@ -786,7 +787,7 @@ def _read_ledger(path: Path) -> dict[str, dict]:
 
 
 def _write_ledger(path: Path, done: dict[str, dict]) -> None:
-    from particles.output import atomic_write_text
+    from particles.atomic import atomic_write_text
     atomic_write_text(path, "".join(f"{u}\t{v['rows']}\t{v['attempt']}\t{v['seconds']!r}\n"
                                     for u, v in done.items()))
 
@@ -824,10 +825,10 @@ class ResultStore:
         self.started = time.time()
         self.write_meta("running")
         if sweep.path is not None:
-            from particles.output import atomic_write_text
+            from particles.atomic import atomic_write_text
             atomic_write_text(self.dir / COPY, Path(sweep.path).read_text())
-        self._fh = open(self.results, "a", newline="", encoding="utf-8")
-        self._ledger_fh = open(self.ledger, "a", encoding="utf-8")
+        self._fh = open_append(self.results, newline="", encoding="utf-8")
+        self._ledger_fh = open_append(self.ledger, encoding="utf-8")
         self.units_written = 0
 
     def _old_meta(self) -> dict | None:
@@ -846,7 +847,7 @@ class ResultStore:
     def _repair(self) -> None:
         """Keep the header and the rows of ledgered units; rewrite the file if anything goes."""
         header = _csv_line(self.sweep.columns)
-        from particles.output import atomic_write_text
+        from particles.atomic import atomic_write_text
         if not self.results.is_file():          # a fresh folder (or the table was deleted)
             atomic_write_text(self.results, header + "\n")
             atomic_write_text(self.ledger, "")
