@@ -18,7 +18,8 @@ MAX_ELEMS = 1 << 22
 def _components(x: np.ndarray, threshold: float, max_elems: int) -> tuple[np.ndarray, np.ndarray]:
     """(min pairwise cosine per replica, component label per token (k * n,)) of finite x (k, n, d)."""
     k, n, _ = x.shape
-    u = x / np.linalg.norm(x, axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):   # a zero token: nan cosines, no pairs
+        u = x / np.linalg.norm(x, axis=-1, keepdims=True)
     ut = np.swapaxes(u, 1, 2)
     rows = max(1, min(n, max_elems // max(k * n, 1)))
     mins = np.full(k, np.inf)

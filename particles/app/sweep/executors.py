@@ -154,7 +154,7 @@ class RayExecutor:
         try:
             import ray
         except ImportError:
-            from particles.app.sweep.spec import SweepError
+            from particles.app.sweep.format import SweepError
             raise SweepError("--executor ray", [
                 "the ray executor needs Ray: pip install 'ray>=2.9' (or the package's [ray] "
                 "extra: pip install -e '.[ray]')"], is_file=False, what="sweep option") from None
@@ -168,7 +168,7 @@ class RayExecutor:
                 try:
                     ray.init(address=address, **kwargs)
                 except (ConnectionError, RuntimeError) as exc:
-                    from particles.app.sweep.spec import SweepError
+                    from particles.app.sweep.format import SweepError
                     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                     cause = exc.__cause__
                     lines = [ln.strip() for ln in str(cause or "").splitlines() if ln.strip()]

@@ -27,7 +27,7 @@ REPLICA_COLUMNS = ("tokens.seed", "dynamics.beta")
 # ============================================================================ reading
 
 def _load(results_csv):
-    from particles.app.sweep.spec import load_results
+    from particles.app.sweep.store import load_results
     path = Path(results_csv)
     if path.is_dir():
         path = path / "results.csv"
