@@ -340,6 +340,7 @@ class KernelSet:
         self.has_potential = has_potential
         self.exponential = exponential
         self._spec = (real, d, H, r, rv, softmax_norm)
+        self._gpu_spec = (rule, dtype, d, H, r, rv)
 
     def head_pass(self, n_replicas: int, n: int, keep_qk: bool = False):
         """The head outputs f (and row statistics) for R replicas of n tokens, as one call
@@ -348,6 +349,8 @@ class KernelSet:
         keeps q, k only if keep_qk)."""
         if self.exponential and ti.lang.impl.current_cfg().arch in (ti.x64, ti.arm64):
             return FastHeads(self._spec, n_replicas, n, keep_qk)
+        if backend.is_gpu():  # keys tiled through shared memory
+            return kernels_gpu.TiledHeads(self, *self._gpu_spec)
         return PlainHeads(self)
 
 

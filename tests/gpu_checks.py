@@ -21,8 +21,9 @@ import particles  # noqa: E402
 
 ARCH = os.environ.get("PARTICLES_TEST_ARCH", "gpu")
 TOL = RTOL["float32"]
-# n above one tile of the GPU pair pass, and not a multiple of it: partial tiles are covered
-N, D = 150, 5
+# n above one row block of the GPU pair pass and not a multiple of it (partial blocks);
+# N_KEY_TILES spans three shared-memory key tiles (256 keys at these ranks), the last partial
+N, D, N_KEY_TILES = 150, 5, 600
 
 
 def _rule_and_reference(rule: str):
@@ -66,22 +67,23 @@ def _check_row(row, want, H, entropy_rate):
             assert abs(got - value) <= rtol * 10 * max(abs(value), floor), (key, got, value)
 
 
-def engine(rule: str) -> None:
+def engine(rule: str, n: str = str(N)) -> None:
     """Velocity, one Euler and one RK4 step, and every observable, on both geometries."""
     name, ref_rule = _rule_and_reference(rule)
+    n = int(n)
     H, beta, dt = 2, 1.2, 0.05
     heads = general_heads(H, D, seed=3)
     exponential = rule in ("exp", "softmax")
     for geometry in ("sphere", "flat"):
-        x = random_tokens(N, D, seed=1)
+        x = random_tokens(n, D, seed=1)
         if geometry == "flat":
-            x = x * np.linspace(0.5, 1.5, N)[:, None]
+            x = x * np.linspace(0.5, 1.5, n)[:, None]
         want_v = ref.velocity(x, heads, beta, ref_rule, geometry)
         for integrator, stepper in (("euler", ref.step_euler), ("rk4", ref.step_rk4)):
             sim = particles.Simulation(x, heads, beta=beta, rule=name, geometry=geometry, dt=dt,
                                        integrator=integrator, dtype="float32", arch=ARCH,
                                        entropy_rate=exponential)
-            assert sim.arch != "cpu", sim.arch
+            assert sim.arch != "cpu" and type(sim._heads).__name__ == "TiledHeads", sim.arch
             assert rel_err(sim.velocity(), want_v) < TOL, (geometry, integrator, "velocity")
             sim.observe()
             (row,) = sim.take_rows()
@@ -97,7 +99,7 @@ def engine(rule: str) -> None:
             sim.advance(1)
             got = sim.tokens
             assert rel_err(got, stepper(x, heads, beta, ref_rule, geometry, dt)) < TOL, (geometry, integrator)
-    print(f"engine {rule}: ok on {sim.arch}")
+    print(f"engine {rule} n={n}: ok on {sim.arch}")
 
 
 def ensemble() -> None:
@@ -108,7 +110,7 @@ def ensemble() -> None:
                                          rng.standard_normal((D, 3)), rng.standard_normal((3, D)))
              for _ in range(H)]
     full = [(h.score, h.value) for h in heads]
-    x = np.stack([random_tokens(N, D, seed=s) for s in range(R)])
+    x = np.stack([random_tokens(N_KEY_TILES, D, seed=s) for s in range(R)])
     betas = np.array([0.5, 1.0, 2.0])
     sim = particles.Simulation(x, heads, beta=betas, rule="softmax", dt=dt, integrator="rk4",
                                dtype="float32", arch=ARCH)
