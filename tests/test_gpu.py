@@ -113,3 +113,17 @@ def test_user_rule_that_does_not_compile_on_gpu_names_the_rule_and_function(gpu_
     message = " ".join(proc.stderr.split())
     assert "rule 'numpy_sigmoid'" in message and "kernel function 'numpy_sigmoid'" in message
     assert f"on arch '{gpu_arch}'" in message and "Traceback" not in proc.stderr
+
+
+def test_gpu_benchmark_runs_at_small_size(gpu_arch):
+    """benchmarks/gpu.py --small on this device: one table, a finite rate per case."""
+    proc = _run(ROOT / "benchmarks" / "gpu.py", "--small", "--min-time", "0.2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith(f"arch {gpu_arch}")
+    header = lines[1].split()
+    rows = [line.split() for line in lines[2:]]
+    assert header[:3] == ["n", "d", "H"] and len(rows) == 2
+    for row in rows:
+        shift = 1 if row[3] == "rank" else 0  # "rank 4" is two words under "heads"
+        assert float(row[header.index("steps/s") + shift]) > 0
