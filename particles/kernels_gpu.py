@@ -186,16 +186,21 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int):
             pot = c(0)           # row sum of the potential (non-exponential rules)
             for kt in range(n_key_tiles):
                 j0 = kt * BK
+                # (if statements, not `a if c else b`: Taichi evaluates both sides of that)
                 for s in ti.static(range(loads_k)):
                     idx = s * BQ + tid
                     if idx < BK * r:
-                        j = j0 + idx // r
-                        k_tile[idx] = k[b, h, j, idx % r] if j < n else c(0)
+                        value = c(0)
+                        if j0 + idx // r < n:
+                            value = k[b, h, j0 + idx // r, idx % r]
+                        k_tile[idx] = value
                 for s in ti.static(range(loads_u)):
                     idx = s * BQ + tid
                     if idx < BK * rv:
-                        j = j0 + idx // rv
-                        u_tile[idx] = u[b, h, j, idx % rv] if j < n else c(0)
+                        value = c(0)
+                        if j0 + idx // rv < n:
+                            value = u[b, h, j0 + idx // rv, idx % rv]
+                        u_tile[idx] = value
                 ti.simt.block.sync()
                 for jj in range(ti.min(BK, n - j0)):
                     z = c(0)
