@@ -10,6 +10,7 @@ from . import backend, kernels
 from .heads import Head
 from .integrators import INTEGRATORS
 from .observables import assemble_rows
+from .rule_check import check_rule_compiles
 from .rules import Rule, get_rule
 
 GEOMETRIES = ("sphere", "flat")
@@ -112,6 +113,8 @@ class Simulation:
         self.entropy_rate_enabled = bool(entropy_rate) and self.rule.exponential
         self.step_count = 0
         self.arch = backend.init(arch)
+        backend.check_dtype(dtype)
+        check_rule_compiles(self.rule, dtype)
 
         real = ti.f32 if dtype == "float32" else ti.f64
         self._np_real = np.float32 if dtype == "float32" else np.float64
@@ -145,8 +148,9 @@ class Simulation:
         if self.entropy_rate_enabled:
             self._qd, self._kd, self._ud = arr(R, H, n, r), arr(R, H, n, r), arr(R, H, n, rv)
         self._batch = int(batch)
-        self._red = arr(self._batch, R, kernels.n_tok_slots(H), 4, dt=ti.f64)
-        self._sumx = arr(self._batch, R, d, 1, dt=ti.f64)
+        red_dt = backend.reduction_dtype()  # float32 where the device has no float64
+        self._red = arr(self._batch, R, kernels.n_tok_slots(H), 4, dt=red_dt)
+        self._sumx = arr(self._batch, R, d, 1, dt=red_dt)
         self._pending: list[tuple[int, int]] = []   # (step, slot) of rows not yet copied
         self._rows: list[dict] = []
         self._warm_up()
@@ -272,8 +276,8 @@ class Simulation:
         if not self._pending:
             return
         count = len(self._pending)
-        red = self._red.to_numpy()[:count]
-        sumx = self._sumx.to_numpy()[:count, :, :, 0]
+        red = self._red.to_numpy()[:count].astype(np.float64)
+        sumx = self._sumx.to_numpy()[:count, :, :, 0].astype(np.float64)
         for (step, slot) in self._pending:
             self._rows.extend(assemble_rows(self, step, red[slot], sumx[slot]))
         self._pending = []

@@ -31,7 +31,8 @@ class UserError(Exception):
 def _user_errors():
     from scenes import SceneError
     from particles.backend import ArchError
-    return (UserError, SceneError, ArchError, FileNotFoundError)
+    from particles.rule_check import RuleCompileError
+    return (UserError, SceneError, ArchError, RuleCompileError, FileNotFoundError)
 
 
 def _load(scene_arg: str, overrides, steps=None, arch=None, dtype=None):
