@@ -16,12 +16,12 @@ by selects (``exp_clamped``).
 
 Layout per replica b (e < d, a < rank, jl < nbl groups of L tokens, npad = nbl L):
     xt, st, kt_, at  (R, d, nbl)     state, stage state, stage velocity, RK4 sum (transposed)
-    qv, kv   (R, H, r, nbl)          beta Q_h x and K_h x over tokens
-    uv       (R, H, rv, nbl)         W_h x
+    qv       (R, H, r, nbl)          beta Q_h x_i over tokens (rows i in lanes)
+    ks, us   (R, H, n, r|rv)         K_h x_j, W_h x_j: scalars, broadcast against L rows
     gv       (R, H, rv, nbl)         normalised pulls g_i = sum_j w_ij u_j
     fv       (R, H, d, nbl)          head outputs f^h_i = O_h g_i
     rowv     (R, H, 3, nbl)          per token: row entropy, row energy, radial shadow a^h_i
-    zs       (R, nbl)                the scores of one row
+    zs       (R, n)                  the scores of L rows against every column
     mask     (nbl)                   1 for a token, 0 for padding
 """
 
@@ -76,11 +76,12 @@ class FusedSteps:
             return ti.ndarray(vec, shape=shape)
 
         self.xt, self.st, self.kt, self.at = (varr(R, d, nbl) for _ in range(4))
-        self.qv, self.kv = varr(R, H, r, nbl), varr(R, H, r, nbl)
-        self.uv, self.gv = varr(R, H, rv, nbl), varr(R, H, rv, nbl)
+        self.qv, self.gv = varr(R, H, r, nbl), varr(R, H, rv, nbl)
+        self.ks = ti.ndarray(real, shape=(R, H, n, r))
+        self.us = ti.ndarray(real, shape=(R, H, n, rv))
         self.fv = varr(R, H, d, nbl)
         self.rowv = varr(R, H, 3, nbl)  # entropy, row energy, radial a^h
-        self.zs = varr(R, nbl)
+        self.zs = varr(R, n)
         self.mask = varr(nbl)
         import numpy as np
         m = (np.arange(nbl * L) < n).astype(np.float32 if dtype == "float32" else np.float64)
@@ -91,7 +92,7 @@ class FusedSteps:
         """steps > 0: advance; steps == 0: xdot at the current state (observed if observe_now,
         reduced into batch slot ``slot``)."""
         args = (sim.x, sim._Q, sim._K, sim._W, sim._O, sim._beta, sim.xdot, sim._tok, sim._red,
-                sim._sumx, self.xt, self.st, self.kt, self.at, self.qv, self.kv, self.uv, self.gv,
+                sim._sumx, self.xt, self.st, self.kt, self.at, self.qv, self.ks, self.us, self.gv,
                 self.fv, self.rowv, self.zs, self.mask, sim.dt, int(steps), int(observe_every),
                 int(sim.step_count), int(observe_now), int(slot))
         with kernels._compile_options(scalarize=False, active=not self._compiled):
@@ -117,6 +118,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
     vec = ti.types.vector(L, real)
     arr1 = ti.types.ndarray(dtype=real, ndim=1)
     arr3 = ti.types.ndarray(dtype=real, ndim=3)
+    arr4 = ti.types.ndarray(dtype=real, ndim=4)
     f64arr4 = ti.types.ndarray(dtype=ti.f64, ndim=4)
     v1 = ti.types.ndarray(dtype=vec, ndim=1)
     v2 = ti.types.ndarray(dtype=vec, ndim=2)
@@ -163,7 +165,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
     @ti.func
     def evaluate(b, y: ti.template(), out: ti.template(), Qf: ti.template(), Kf: ti.template(),
                  Wf: ti.template(), Of: ti.template(), beta: ti.template(), n, observe,
-                 tok: ti.template(), qv: ti.template(), kv: ti.template(), uv: ti.template(),
+                 tok: ti.template(), qv: ti.template(), ks: ti.template(), us: ti.template(),
                  gv: ti.template(), fv: ti.template(), rowv: ti.template(), zs: ti.template(),
                  mask: ti.template()):
         """out = xdot at the state y (transposed), for replica b; with observe, the per-token
@@ -171,7 +173,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
         unrolling multiplies Taichi's compile time); only the register accumulators are static."""
         nbl = mask.shape[0]
         bt = beta[b]
-        # projections, L tokens at a time
+        # projections, L tokens at a time: beta q over rows (lanes), k and u per token (scalars)
         for jl in range(nbl):
             yv = [y[b, e, jl] for e in ti.static(range(d))]
             for h in range(H):
@@ -182,91 +184,83 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                         sq += Qf[h, a, e] * yv[e]
                         sk += Kf[h, a, e] * yv[e]
                     qv[b, h, a, jl] = sq * bt
-                    kv[b, h, a, jl] = sk
+                    for k in range(L):
+                        if jl * L + k < n:
+                            ks[b, h, jl * L + k, a] = sk[k]
                 for a in range(rv):
                     su = splat(0)
                     for e in ti.static(range(d)):
                         su += Wf[h, a, e] * yv[e]
-                    uv[b, h, a, jl] = su
-        # the pair pass: one row at a time, L columns per vector
+                    for k in range(L):
+                        if jl * L + k < n:
+                            us[b, h, jl * L + k, a] = su[k]
+        # the pair pass: L rows at a time (one per lane) against one column j at a time, so
+        # no reduction ever crosses lanes; scores first (for the row maxima), then weights
         for h in range(H):
             for il in range(nbl):
-                gl = [splat(0) for _ in ti.static(range(rv))]
-                ent_row = splat(0)
-                energy_row = splat(0)
-                for cc in range(L):
-                    i = il * L + cc
-                    if i < n:
-                        qi = [qv[b, h, a, il][cc] for a in ti.static(range(r))]
-                        acc = [splat(0) for _ in ti.static(range(rv))]
-                        wsum = splat(0)
-                        ent = splat(0)
-                        pot = splat(0)
-                        m = c(0)
-                        if ti.static(exponential):
-                            top = splat(NEG_BIG)
-                            for jl in range(nbl):
-                                z = splat(0)
-                                for a in ti.static(range(r)):
-                                    z += qi[a] * kv[b, h, a, jl]
-                                z = ti.select(mask[jl] > c(0), z, c(NEG_BIG))
-                                zs[b, jl] = z
-                                top = ti.max(top, z)
-                            m = top.max()
-                            for jl in range(nbl):
-                                zc = zs[b, jl] - m
-                                if ti.static(f32):
-                                    zc = ti.max(zc, c(CLAMP))
-                                w = ti.select(mask[jl] > c(0), exp_clamped(zc), c(0))
-                                wsum += w
-                                ent += w * zc
-                                for a in ti.static(range(rv)):
-                                    acc[a] += w * uv[b, h, a, jl]
-                        else:
-                            for jl in range(nbl):
-                                z = splat(0)
-                                for a in ti.static(range(r)):
-                                    z += qi[a] * kv[b, h, a, jl]
-                                w = splat(0)
-                                for k in range(L):
-                                    w[k] = c(kernel_fn(z[k]))
-                                w = ti.select(mask[jl] > c(0), w, c(0))
-                                wsum += w
-                                for a in ti.static(range(rv)):
-                                    acc[a] += w * uv[b, h, a, jl]
-                                if observe:
-                                    for k in range(L):
-                                        if w[k] > 0:
-                                            ent[k] += w[k] * ti.log(w[k])
-                                        if ti.static(with_potential):
-                                            if jl * L + k < n:
-                                                pot[k] += c(potential_fn(z[k]))
-                        ws = wsum.sum()
-                        norm = c(0)
-                        if ti.static(softmax_norm):
-                            if ws > 0:
-                                norm = c(1) / ws
-                        elif ti.static(exponential):
-                            norm = ti.exp(m) / c(n)
-                        else:
-                            norm = c(1) / c(n)
+                qa = [qv[b, h, a, il] for a in ti.static(range(r))]
+                acc = [splat(0) for _ in ti.static(range(rv))]
+                wsum = splat(0)
+                ent = splat(0)
+                pot = splat(0)
+                m = splat(0)
+                if ti.static(exponential):
+                    top = splat(NEG_BIG)
+                    for j in range(n):
+                        z = splat(0)
+                        for a in ti.static(range(r)):
+                            z += qa[a] * ks[b, h, j, a]
+                        zs[b, j] = z
+                        top = ti.max(top, z)
+                    m = top
+                    for j in range(n):
+                        zc = zs[b, j] - m
+                        if ti.static(f32):
+                            zc = ti.max(zc, c(CLAMP))
+                        w = exp_clamped(zc)
+                        wsum += w
+                        ent += w * zc
                         for a in ti.static(range(rv)):
-                            gl[a][cc] = acc[a].sum() * norm
+                            acc[a] += w * us[b, h, j, a]
+                else:
+                    for j in range(n):
+                        z = splat(0)
+                        for a in ti.static(range(r)):
+                            z += qa[a] * ks[b, h, j, a]
+                        w = splat(0)
+                        for k in range(L):
+                            w[k] = c(kernel_fn(z[k]))
+                        wsum += w
+                        for a in ti.static(range(rv)):
+                            acc[a] += w * us[b, h, j, a]
                         if observe:
-                            es = ent.sum()
-                            entropy = c(0)
-                            if ws > 0:
-                                entropy = ti.log(ws) - es / ws
-                            ent_row[cc] = entropy
-                            if ti.static(exponential):
-                                energy_row[cc] = m + ti.log(ws)
-                            else:
-                                energy_row[cc] = pot.sum()
+                            for k in range(L):
+                                if w[k] > 0:
+                                    ent[k] += w[k] * ti.log(w[k])
+                                if ti.static(with_potential):
+                                    pot[k] += c(potential_fn(z[k]))
+                norm = splat(0)
+                for k in range(L):
+                    if ti.static(softmax_norm):
+                        if wsum[k] > 0:
+                            norm[k] = c(1) / wsum[k]
+                    elif ti.static(exponential):
+                        norm[k] = ti.exp(m[k]) / c(n)
+                    else:
+                        norm[k] = c(1) / c(n)
                 for a in ti.static(range(rv)):
-                    gv[b, h, a, il] = gl[a]
+                    gv[b, h, a, il] = acc[a] * norm
                 if observe:
-                    rowv[b, h, 0, il] = ent_row
-                    rowv[b, h, 1, il] = energy_row
+                    entropy = splat(0)
+                    energy = pot
+                    for k in range(L):
+                        if wsum[k] > 0:
+                            lw = ti.log(wsum[k])
+                            entropy[k] = lw - ent[k] / wsum[k]
+                            if ti.static(exponential):
+                                energy[k] = m[k] + lw
+                    rowv[b, h, 0, il] = entropy
+                    rowv[b, h, 1, il] = energy
         # head outputs f = O g, their sum, the tangent projection, L tokens at a time
         for jl in range(nbl):
             yv = [y[b, e, jl] for e in ti.static(range(d))]
@@ -372,7 +366,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
 
     @ti.kernel
     def fused(x: arr3, Qf: arr3, Kf: arr3, Wf: arr3, Of: arr3, beta: arr1, xdot: arr3, tok: arr3,
-              red: f64arr4, sumx: f64arr4, xt: v3, st: v3, kt: v3, at: v3, qv: v4, kv: v4, uv: v4,
+              red: f64arr4, sumx: f64arr4, xt: v3, st: v3, kt: v3, at: v3, qv: v4, ks: arr4, us: arr4,
               gv: v4, fv: v4, rowv: v4, zs: v2, mask: v1, dt: real, steps: ti.i32,
               observe_every: ti.i32, start_step: ti.i32, observe_now: ti.i32, slot0: ti.i32):
         """``steps`` steps of every replica (or, with steps = 0, xdot at the current state).
@@ -401,7 +395,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                     for jl in range(nbl):
                         for e in ti.static(range(d)):
                             st[b, e, jl] = xt[b, e, jl]
-                evaluate(b, st, kt, Qf, Kf, Wf, Of, beta, n, observe, tok, qv, kv, uv, gv, fv, rowv,
+                evaluate(b, st, kt, Qf, Kf, Wf, Of, beta, n, observe, tok, qv, ks, us, gv, fv, rowv,
                          zs, mask)
                 if observe:
                     reduce_into(b, slot, tok, st, red, sumx, n)
