@@ -17,6 +17,7 @@ copies of q, k, u laid out so that LLVM vectorises the inner loops (see ``_fast_
 """
 
 import functools
+from dataclasses import dataclass
 
 import taichi as ti
 
@@ -42,16 +43,40 @@ def n_tok_slots(n_heads: int) -> int:
 RED_SUM, RED_MIN, RED_MAX, RED_LSE = range(4)
 
 
+@dataclass(frozen=True)
+class Features:
+    """What a pair pass must know beyond k(z), each a compile-time switch (all off: the pair
+    pass is exactly the plain one). Their parameters arrive per head at run time:
+    ``hint`` (H, 3) int32: keys below and above the row (the band), 1 if this pass serves
+    the head; ``hreal`` (H, 2): ALiBi slope, the head's own beta (0: the replica's)."""
+    banded: bool = False     # a mask: the key loop runs over the band [i - below, i + above]
+    biased: bool = False     # z_ij -= slope_h |i - j|
+    head_beta: bool = False  # a head carries its own beta
+    filtered: bool = False   # heads with other rules are served by other passes
+
+    @property
+    def any(self) -> bool:
+        return self.banded or self.biased or self.head_beta or self.filtered
+
+
+PLAIN = Features()
+
+
 @functools.lru_cache(maxsize=None)
-def build(rule: Rule, geometry: str, dtype: str, d: int, n_heads: int, r: int, rv: int) -> "KernelSet":
-    return KernelSet(rule, geometry, dtype, d, n_heads, r, rv)
+def build(rule: Rule, geometry: str, dtype: str, d: int, n_heads: int, r: int, rv: int,
+          features: Features = PLAIN) -> "KernelSet":
+    return KernelSet(rule, geometry, dtype, d, n_heads, r, rv, features)
 
 
 class KernelSet:
     """The compiled kernels for one specialisation; arrays are passed as arguments."""
 
-    def __init__(self, rule: Rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: int):
+    def __init__(self, rule: Rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: int,
+                 features: Features = PLAIN):
         real = ti.f32 if dtype == "float32" else ti.f64
+        banded, biased, head_beta, filtered = (features.banded, features.biased, features.head_beta,
+                                               features.filtered)
+        positional = rule.positional
         sphere = geometry == "sphere"
         serial = not backend.is_gpu()  # on a GPU a serialized loop runs on a single thread
         exponential = rule.exponential
@@ -67,6 +92,7 @@ class KernelSet:
         arr3 = ti.types.ndarray(dtype=real, ndim=3)
         arr4 = ti.types.ndarray(dtype=real, ndim=4)
         f64arr4 = ti.types.ndarray(dtype=ti.f64, ndim=4)
+        int2 = ti.types.ndarray(dtype=ti.i32, ndim=2)
 
         @ti.func
         def c(value):
@@ -91,22 +117,37 @@ class KernelSet:
                     u[b, h, i, a] = su
 
         @ti.kernel
-        def pair(q: arr4, k: arr4, u: arr4, beta: arr1, g: arr4, row: arr4, observe: ti.template()):
-            """g_i = sum_j w_ij u_j, normalised; with observe, row energies and entropies."""
+        def pair(q: arr4, k: arr4, u: arr4, beta: arr1, hint: int2, hreal: arr2, g: arr4, row: arr4,
+                 observe: ti.template()):
+            """g_i = sum_j w_ij u_j, normalised; with observe, row energies and entropies.
+            With features, j runs over the row's band only and z carries the bias."""
             n = q.shape[2]
             for b, h, i in ti.ndrange(q.shape[0], H, n):
+                if ti.static(filtered):
+                    if hint[h, 2] == 0:
+                        continue  # another rule's pass serves this head
+                bt = beta[b]
+                if ti.static(head_beta):
+                    if hreal[h, 1] > 0:
+                        bt = hreal[h, 1]
                 qi = ti.Vector.zero(real, r)
                 for a in ti.static(range(r)):
-                    qi[a] = q[b, h, i, a] * beta[b]
+                    qi[a] = q[b, h, i, a] * bt
                 acc = ti.Vector.zero(real, rv)
                 m = c(NEG_BIG)       # running maximum of z (exponential rules)
                 wsum = c(0)          # sum of (shifted) kernel weights
                 ent = c(0)           # entropy accumulator
                 pot = c(0)           # row sum of the potential (non-exponential rules)
-                for j in range(n):
+                j_lo, j_hi = 0, n
+                if ti.static(banded):
+                    j_lo = ti.max(0, i - hint[h, 0])
+                    j_hi = ti.min(n, i + hint[h, 1] + 1)
+                for j in range(j_lo, j_hi):
                     z = c(0)
                     for a in ti.static(range(r)):
                         z += qi[a] * k[b, h, j, a]
+                    if ti.static(biased):
+                        z -= hreal[h, 0] * c(ti.abs(i - j))
                     w = c(0)
                     if ti.static(exponential):
                         if z > m:
@@ -121,7 +162,10 @@ class KernelSet:
                         if ti.static(observe):
                             ent += w * (z - m)
                     else:
-                        w = c(kernel_fn(z))
+                        if ti.static(positional):
+                            w = c(kernel_fn(z, i, j, n))
+                        else:
+                            w = c(kernel_fn(z))
                         if ti.static(observe):
                             if w > 0:
                                 ent += w * ti.log(w)
@@ -135,10 +179,13 @@ class KernelSet:
                     if wsum > 0:
                         norm = c(1) / wsum
                 else:
+                    count = c(n)  # mean normalisation: the number of visible keys
+                    if ti.static(banded):
+                        count = c(j_hi - j_lo)
                     if ti.static(exponential):
-                        norm = ti.exp(m) / c(n)
+                        norm = ti.exp(m) / count
                     else:
-                        norm = c(1) / c(n)
+                        norm = c(1) / count
                 for a in ti.static(range(rv)):
                     g[b, h, i, a] = acc[a] * norm
                 if ti.static(observe):
@@ -340,14 +387,20 @@ class KernelSet:
         self.has_potential = has_potential
         self.exponential = exponential
         self._spec = (real, d, H, r, rv, softmax_norm)
-        self._gpu_spec = (rule, dtype, d, H, r, rv)
+        self._gpu_spec = (rule, dtype, d, H, r, rv, features)
+        self.features = features
 
-    def head_pass(self, n_replicas: int, n: int, keep_qk: bool = False):
+    def head_pass(self, n_replicas: int, n: int, keep_qk: bool = False, plain: bool = False):
         """The head outputs f (and row statistics) for R replicas of n tokens, as one call
         ``(x, Q, K, W, O, q, k, u, beta, g, f, row, observe)``: project, pair, head_out, or,
         for exponential rules on the CPU, the tiled ``FastHeads`` (tuned for CPU SIMD; it
-        keeps q, k only if keep_qk)."""
-        if self.exponential and ti.lang.impl.current_cfg().arch in (ti.x64, ti.arm64):
+        keeps q, k only if keep_qk). plain: the plain kernels whatever the rule and arch."""
+        if plain:
+            return PlainHeads(self)
+        cpu = ti.lang.impl.current_cfg().arch in (ti.x64, ti.arm64)
+        if self.exponential and cpu and not self.features.any:
+            # the tiled CPU path has no masks, biases or per-head parameters: those take
+            # the plain kernels below (same numbers, the band-limited loops skip masked keys)
             return FastHeads(self._spec, n_replicas, n, keep_qk)
         if backend.is_gpu():  # keys tiled through shared memory
             return kernels_gpu.TiledHeads(self, *self._gpu_spec)
@@ -360,9 +413,9 @@ class PlainHeads:
     def __init__(self, kern: KernelSet):
         self.kern = kern
 
-    def __call__(self, x, Q, K, W, O, q, k, u, beta, g, f, row, observe):
+    def __call__(self, x, Q, K, W, O, q, k, u, beta, hint, hreal, g, f, row, observe):
         self.kern.project(x, Q, K, W, q, k, u)
-        self.kern.pair(q, k, u, beta, g, row, observe)
+        self.kern.pair(q, k, u, beta, hint, hreal, g, row, observe)
         self.kern.head_out(g, O, f)
 
 
@@ -460,7 +513,7 @@ class FastHeads:
         self.n, self.keep_qk = n, keep_qk
         self._ready = False
 
-    def __call__(self, x, Q, K, W, O, q, k, u, beta, g, f, row, observe):
+    def __call__(self, x, Q, K, W, O, q, k, u, beta, hint, hreal, g, f, row, observe):
         """Writes f and row (always: the row statistics cost O(n)); q and k if keep_qk.
         u and g are unused: the packed uc and gt take their place."""
         prep, project, pair, head_out = self.kernels

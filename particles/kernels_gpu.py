@@ -130,19 +130,25 @@ def key_tile(r: int, rv: int, itemsize: int) -> int:
 class TiledHeads:
     """project, the tiled pair pass and head_out: ``KernelSet.head_pass`` on a GPU arch."""
 
-    def __init__(self, kern, rule, dtype: str, d: int, H: int, r: int, rv: int):
+    def __init__(self, kern, rule, dtype: str, d: int, H: int, r: int, rv: int, features):
         self.kern = kern
-        self.pair = _tiled_pair(rule, dtype, d, H, r, rv)
+        self.pair = _tiled_pair(rule, dtype, d, H, r, rv, features)
 
-    def __call__(self, x, Q, K, W, O, q, k, u, beta, g, f, row, observe):
+    def __call__(self, x, Q, K, W, O, q, k, u, beta, hint, hreal, g, f, row, observe):
         self.kern.project(x, Q, K, W, q, k, u)
-        self.pair(q, k, u, beta, g, row, observe)
+        self.pair(q, k, u, beta, hint, hreal, g, row, observe)
         self.kern.head_out(g, O, f)
 
 
 @functools.lru_cache(maxsize=None)
-def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int):
+def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
+    """Features (see ``kernels.Features``): a block walks only the key tiles that meet the
+    union of its rows' bands (a causal block stops at its last row: about half the tiles),
+    and each row only its own band inside them."""
     real = ti.f32 if dtype == "float32" else ti.f64
+    banded, biased, head_beta, filtered = (features.banded, features.biased, features.head_beta,
+                                           features.filtered)
+    positional = rule.positional
     exponential = rule.exponential
     softmax_norm = rule.normalization == "softmax"
     kernel_fn = None if exponential else ti.func(rule.kernel)
@@ -153,14 +159,17 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int):
     BK = key_tile(r, rv, 4 if dtype == "float32" else 8)
     loads_k, loads_u = -(-BK * r // BQ), -(-BK * rv // BQ)  # shared-memory stores per thread
     arr1 = ti.types.ndarray(dtype=real, ndim=1)
+    arr2 = ti.types.ndarray(dtype=real, ndim=2)
     arr4 = ti.types.ndarray(dtype=real, ndim=4)
+    int2 = ti.types.ndarray(dtype=ti.i32, ndim=2)
 
     @ti.func
     def c(value):
         return ti.cast(value, real)
 
     @ti.kernel
-    def pair(q: arr4, k: arr4, u: arr4, beta: arr1, g: arr4, row: arr4, observe: ti.template()):
+    def pair(q: arr4, k: arr4, u: arr4, beta: arr1, hint: int2, hreal: arr2, g: arr4, row: arr4,
+             observe: ti.template()):
         """g_i = sum_j w_ij u_j, normalised; with observe, row energies and entropies (as
         ``KernelSet.pair``), keys staged tile by tile in shared memory."""
         R, n = q.shape[0], q.shape[2]
@@ -175,16 +184,34 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int):
             valid = i < n  # rows past n pad the last block: they load and wait, write nothing
             k_tile = ti.simt.block.SharedArray((BK * r,), real)
             u_tile = ti.simt.block.SharedArray((BK * rv,), real)
+            bt = beta[b]
+            if ti.static(head_beta):
+                if hreal[h, 1] > 0:
+                    bt = hreal[h, 1]
             qi = ti.Vector.zero(real, r)
             if valid:
                 for a in ti.static(range(r)):
-                    qi[a] = q[b, h, i, a] * beta[b]
+                    qi[a] = q[b, h, i, a] * bt
             acc = ti.Vector.zero(real, rv)
             m = c(NEG_BIG)       # running maximum of z (exponential rules)
             wsum = c(0)          # sum of (shifted) kernel weights
             ent = c(0)           # entropy accumulator
             pot = c(0)           # row sum of the potential (non-exponential rules)
-            for kt in range(n_key_tiles):
+            # key tiles this block walks (uniform over the block: it syncs), and this row's band
+            kt_lo, kt_hi = 0, n_key_tiles
+            j_lo, j_hi = 0, n
+            if ti.static(banded):
+                i0 = i - tid
+                i1 = ti.min(i0 + BQ, n) - 1
+                kt_lo = ti.max(0, i0 - hint[h, 0]) // BK
+                kt_hi = (ti.min(n, i1 + hint[h, 1] + 1) + BK - 1) // BK
+                j_lo = ti.max(0, i - hint[h, 0])
+                j_hi = ti.min(n, i + hint[h, 1] + 1)
+            if ti.static(filtered):
+                if hint[h, 2] == 0:  # another rule's pass serves this head (uniform per block)
+                    kt_hi = kt_lo
+                    valid = False
+            for kt in range(kt_lo, kt_hi):
                 j0 = kt * BK
                 # (if statements, not `a if c else b`: Taichi evaluates both sides of that)
                 for s in ti.static(range(loads_k)):
@@ -202,10 +229,12 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int):
                             value = u[b, h, j0 + idx // rv, idx % rv]
                         u_tile[idx] = value
                 ti.simt.block.sync()
-                for jj in range(ti.min(BK, n - j0)):
+                for jj in range(ti.max(0, j_lo - j0), ti.min(BK, j_hi - j0)):
                     z = c(0)
                     for a in ti.static(range(r)):
                         z += qi[a] * k_tile[jj * r + a]
+                    if ti.static(biased):
+                        z -= hreal[h, 0] * c(ti.abs(i - (j0 + jj)))
                     w = c(0)
                     if ti.static(exponential):
                         if z > m:
@@ -219,7 +248,10 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int):
                         if ti.static(observe):
                             ent += w * (z - m)
                     else:
-                        w = c(kernel_fn(z))
+                        if ti.static(positional):
+                            w = c(kernel_fn(z, i, j0 + jj, n))
+                        else:
+                            w = c(kernel_fn(z))
                         if ti.static(observe):
                             if w > 0:
                                 ent += w * ti.log(w)
@@ -235,10 +267,13 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int):
                     if wsum > 0:
                         norm = c(1) / wsum
                 else:
+                    count = c(n)  # mean normalisation: the number of visible keys
+                    if ti.static(banded):
+                        count = c(j_hi - j_lo)
                     if ti.static(exponential):
-                        norm = ti.exp(m) / c(n)
+                        norm = ti.exp(m) / count
                     else:
-                        norm = c(1) / c(n)
+                        norm = c(1) / count
                 for a in ti.static(range(rv)):
                     g[b, h, i, a] = acc[a] * norm
                 if ti.static(observe):
