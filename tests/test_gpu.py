@@ -63,6 +63,13 @@ def test_engine_and_observables_match_reference_on_gpu(gpu_arch, rule, n):
     assert f"ok on {gpu_arch}" in check("engine", rule, n)
 
 
+@pytest.mark.parametrize("n", [600])
+def test_masks_biases_and_positional_rules_match_reference_on_gpu(gpu_arch, n):
+    """Causal and window masks (band-limited key tiles), ALiBi, per-head rules and betas and a
+    position-aware user rule; the causal first token bit for bit."""
+    assert f"ok on {gpu_arch}" in check("positions", n)
+
+
 def test_ensemble_matches_reference_on_gpu(gpu_arch):
     assert f"ok on {gpu_arch}" in check("ensemble")
 
