@@ -417,3 +417,20 @@ def test_readme_example_is_a_valid_scene(tmp_path):
     table = next(b for b in blocks if "near_orthogonal" in b)
     scene = Scene.from_dict({"tokens": {"n": 4, "d": 6}, **tomllib.loads(table)})
     assert scene.n_heads == 3
+
+
+def test_scene_vocabularies_match_the_modules_that_own_them():
+    """Where the layering keeps a copy (scenes may not import render, nor start Taichi for the
+    rule registry), the copy must equal its owner's list."""
+    import particles.rules
+    import particles.simulation
+    import render.config
+    from particles.integrators import INTEGRATORS
+    assert set(schema.BUILTIN_RULES) == set(particles.rules.BUILTIN_RULES)
+    assert set(schema.INTEGRATOR_NAMES) == set(INTEGRATORS)
+    for name in ("VIEWS", "COLOR_BY", "PROJECTIONS", "PANELS"):
+        assert tuple(getattr(schema, name)) == tuple(getattr(render.config, name)), name
+    import particles.backend
+    assert schema.GEOMETRIES == particles.simulation.GEOMETRIES
+    assert schema.DTYPES == particles.simulation.DTYPES
+    assert schema.ARCHES == particles.backend.ARCH_CHOICES
