@@ -44,7 +44,7 @@ def _load(scene_arg: str, overrides, steps=None, arch=None, dtype=None):
         overrides.append(f"dynamics.dtype={dtype}")
     scene = load_scene(scene_arg, overrides=overrides)
     if steps is not None:
-        scene.data["dynamics"]["steps"] = steps
+        scene = scene.replace(dynamics={"steps": steps})
     return scene
 
 

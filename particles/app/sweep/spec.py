@@ -128,7 +128,7 @@ class Sweep:
 
     points: one dict per grid point, in grid order (first axis slowest): ``index``, ``axes``
     (axis key -> value), ``seed``, ``beta``, ``unit``.
-    units: the work units (plain dicts, picklable; ``run_unit`` in particles.sweep_executors
+    units: the work units (plain dicts, picklable; ``run_unit`` in particles.app.sweep.executors
     runs one): id, scene (resolved tokens/heads/dynamics of the unit), tokens (one resolved
     [tokens] table per replica), betas, points, record.
     """
