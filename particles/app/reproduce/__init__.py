@@ -3,7 +3,7 @@
     from particles.app.reproduce import main
     report = main(quick=True, out_dir=Path("repro"))   # -> repro/report.md (+ report.json, PNGs)
 
-One module per experiment (``e1_energy`` ... ``e7_near_orthogonal``); each exposes
+One module per experiment (``e1_energy`` ... ``e8_causal``); each exposes
 ``run_experiment(quick, fig_dir) -> common.Result``. Every number in the report comes
 from the runs made here (closed forms are evaluated here too, never typed in).
 ``quick`` finishes in a few minutes on two CPU cores; the full run uses larger ensembles
@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 
 from . import (e1_energy, e2_radial, e3_critical, e4_heterogeneous, e5_relu, e6_entropy,
-               e7_near_orthogonal)
+               e7_near_orthogonal, e8_causal)
 from .common import jsonable
 from .report import write_markdown
 
@@ -31,6 +31,7 @@ EXPERIMENTS = [
     ("e5_relu", e5_relu),
     ("e6_entropy", e6_entropy),
     ("e7_near_orthogonal", e7_near_orthogonal),
+    ("e8_causal", e8_causal),
 ]
 
 __all__ = ["main", "EXPERIMENTS"]
