@@ -30,8 +30,9 @@ class UserError(Exception):
 
 def _user_errors():
     from scenes import SceneError
+    from particles.atomic import SymlinkRefused
     from particles.backend import ArchError
-    return (UserError, SceneError, ArchError, FileNotFoundError)
+    return (UserError, SceneError, ArchError, FileNotFoundError, SymlinkRefused)
 
 
 def _load(scene_arg: str, overrides, steps=None, arch=None, dtype=None):
