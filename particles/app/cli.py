@@ -124,7 +124,8 @@ def cmd_new(args) -> int:
     if path.exists() and not args.force:
         raise UserError(f"{str(path)!r} already exists; pass --force to overwrite it")
     template = files("scenes").joinpath("starter.toml").read_text()
-    path.write_text(template.replace("name = \"starter\"", f"name = \"{Path(name).name}\""))
+    from particles.atomic import atomic_write_text
+    atomic_write_text(path, template.replace("name = \"starter\"", f"name = \"{Path(name).name}\""))
     print(f"wrote {path}: edit it, then `particles run {path}`")
     return 0
 
