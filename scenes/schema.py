@@ -247,6 +247,10 @@ def show(v) -> str:
     return repr(v)
 
 
+# the value checks other validators share (the sweep file's): public names
+is_int, is_number, BadValue = _is_int, _is_number, _Bad
+
+
 # ----------------------------------------------------------------------------- sections
 
 def _suggest(key: str, allowed, where: str) -> str:

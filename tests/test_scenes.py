@@ -437,3 +437,17 @@ def test_scene_vocabularies_match_the_modules_that_own_them():
     import particles.attention
     assert schema.MASKS == particles.attention.MASKS
     assert schema.ARCHES == particles.backend.ARCH_CHOICES
+
+
+def test_render_defaults_of_a_scene_equal_renders_own():
+    """render keeps its API defaults (it imports no scene); a scene's [render] defaults equal them."""
+    import dataclasses
+
+    import render.config
+    scene = Scene.from_dict({"tokens": {"n": 4, "d": 3}, "heads": {"kind": "scalar"}})
+    for f in dataclasses.fields(render.config.RenderConfig):
+        if hasattr(scene.render, f.name):
+            mine = getattr(scene.render, f.name)
+            theirs = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            assert (list(mine) if isinstance(mine, (list, tuple)) else mine) == \
+                (list(theirs) if isinstance(theirs, tuple) else theirs), f.name
