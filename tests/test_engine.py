@@ -9,18 +9,20 @@ from conftest import RTOL, general_heads, random_tokens, rel_err, symmetric_head
 RULES = ("exp", "softmax", "relu")
 
 
+@pytest.mark.parametrize("path", ["fused", "tiled"])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("geometry", ["sphere", "flat"])
 @pytest.mark.parametrize("H", [1, 3])
 @pytest.mark.parametrize("rule", RULES)
-def test_velocity_and_one_step_match_reference(rule, H, geometry, dtype):
+def test_velocity_and_one_step_match_reference(rule, H, geometry, dtype, path):
     n, d, beta, dt = 13, 5, 1.3, 0.05
     x = random_tokens(n, d, seed=H)
     heads = general_heads(H, d, seed=7)
     want = ref.velocity(x, heads, beta, rule, geometry)
     for integrator, stepper in (("euler", ref.step_euler), ("rk4", ref.step_rk4)):
         sim = particles.Simulation(x, heads, beta=beta, rule=rule, geometry=geometry, dt=dt,
-                                   integrator=integrator, dtype=dtype)
+                                   integrator=integrator, dtype=dtype, path=path)
+        assert sim.path == path
         assert rel_err(sim.velocity(), want) < RTOL[dtype]
         sim.advance(1)
         assert rel_err(sim.tokens, stepper(x, heads, beta, rule, geometry, dt)) < RTOL[dtype]
@@ -156,7 +158,8 @@ def test_bad_inputs_give_clear_errors():
         particles.Simulation(x, [np.eye(3)], dt=0)
 
 
-def test_user_rule_registered_from_python():
+@pytest.mark.parametrize("path", ["fused", "tiled"])
+def test_user_rule_registered_from_python(path):
     import taichi as ti
     name = "test_sigmoid_engine"
 
@@ -174,7 +177,7 @@ def test_user_rule_registered_from_python():
     heads = general_heads(2, 4, 2)
     user = ref.UserRule(kernel=lambda z: 1 / (1 + np.exp(-z)), normalization="softmax",
                         potential=lambda z: np.log1p(np.exp(z)))
-    sim = particles.Simulation(x, heads, beta=1.1, rule=name, dtype="float64")
+    sim = particles.Simulation(x, heads, beta=1.1, rule=name, dtype="float64", path=path)
     assert rel_err(sim.velocity(), ref.velocity(x, heads, 1.1, user, "sphere")) < 1e-10
     sim.observe()
     row = sim.take_rows()[0]
