@@ -138,7 +138,7 @@ class Simulation:
         self._heads = self._kern.head_pass(R, n, keep_qk=self.entropy_rate_enabled)
         # The tiled fast path packs its own operands: it reads none of q, k, u, g, and writes
         # q, k only for the entropy rate. Unused ones get a one-element stand-in of the same rank.
-        fast = isinstance(self._heads, kernels.FastHeads)
+        fast = not isinstance(self._heads, kernels.PlainHeads)  # FastHeads or WideHeads
         tokens_qk = n if (not fast or self.entropy_rate_enabled) else 1
         tokens_ug = 1 if fast else n
         self._q, self._k = arr(R, H, tokens_qk, r), arr(R, H, tokens_qk, r)

@@ -215,3 +215,28 @@ def test_large_tile_path_at_n_above_256_matches_reference(rule):
         tol = 1e-9 if dtype == "float64" else 1e-4
         for key in ("energy_h1", "entropy_mean_h0", "radial_mean_h1", "kinetic", "entropy_rate_h0"):
             assert abs(row[key] - want[key]) <= tol * max(abs(want[key]), 1e-3), (dtype, key)
+
+
+@pytest.mark.parametrize("rule", ["softmax", "exp"])
+def test_wide_pass_at_large_n_matches_reference(rule):
+    """From kernels_wide.WIDE_MIN_N tokens the full-width pass runs (rows in 512-bit lanes,
+    flash blocks of columns): n not a multiple of any tile, ranks not multiples of AC."""
+    from particles import kernels_wide
+    n, d, beta, rng = kernels_wide.WIDE_MIN_N + 9, 6, 1.3, np.random.default_rng(12)
+    x = random_tokens(n, d, seed=6)
+    factors = [(rng.standard_normal((r, d)), rng.standard_normal((r, d)), rng.standard_normal((d, rv)),
+                rng.standard_normal((rv, d))) for r, rv in ((3, 5), (6, 6))]
+    heads = [particles.Head.from_factors(q, k, o, w) for q, k, o, w in factors]
+    full = [(q.T @ k, o @ w) for q, k, o, w in factors]
+    want_v = ref.velocity(x, full, beta, rule, "sphere")
+    want = ref.observables(x, full, beta, rule, "sphere")
+    for dtype in ("float64", "float32"):
+        sim = particles.Simulation(x, heads, beta=beta, rule=rule, dtype=dtype)
+        assert isinstance(sim._heads, kernels_wide.WideHeads)
+        assert rel_err(sim.velocity(), want_v) < RTOL[dtype]
+        sim.observe()
+        row = sim.take_rows()[0]
+        tol = 1e-9 if dtype == "float64" else 1e-4
+        for key in ("energy_h1", "entropy_mean_h0", "entropy_min_h1", "radial_mean_h1", "kinetic",
+                    "tangent_power_h0", "cross_coupling_h1"):
+            assert abs(row[key] - want[key]) <= tol * max(abs(want[key]), 1e-3), (dtype, key)
