@@ -394,13 +394,17 @@ class KernelSet:
         """The head outputs f (and row statistics) for R replicas of n tokens, as one call
         ``(x, Q, K, W, O, q, k, u, beta, g, f, row, observe)``: project, pair, head_out, or,
         for exponential rules on the CPU, the tiled ``FastHeads`` (tuned for CPU SIMD; it
-        keeps q, k only if keep_qk). plain: the plain kernels whatever the rule and arch."""
+        keeps q, k only if keep_qk; from ``kernels_wide.WIDE_MIN_N`` tokens the wide pass).
+        plain: the plain kernels whatever the rule and arch."""
         if plain:
             return PlainHeads(self)
         cpu = ti.lang.impl.current_cfg().arch in (ti.x64, ti.arm64)
         if self.exponential and cpu and not self.features.any:
-            # the tiled CPU path has no masks, biases or per-head parameters: those take
-            # the plain kernels below (same numbers, the band-limited loops skip masked keys)
+            # the tiled and wide CPU paths have no masks, biases or per-head parameters: those
+            # take the plain kernels below (the band-limited loops skip masked keys)
+            from .kernels_wide import WIDE_MIN_N, WideHeads
+            if n >= WIDE_MIN_N and not keep_qk:
+                return WideHeads(self._spec, n_replicas, n)
             return FastHeads(self._spec, n_replicas, n, keep_qk)
         if backend.is_gpu():  # keys tiled through shared memory
             return kernels_gpu.TiledHeads(self, *self._gpu_spec)

@@ -100,30 +100,11 @@ class FusedSteps:
         self._compiled = True
 
 
-@functools.lru_cache(maxsize=None)
-def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: int,
-                  integrator: str, L: int):
-    real = ti.f32 if dtype == "float32" else ti.f64
-    f32 = dtype == "float32"
-    sphere = geometry == "sphere"
-    rk4 = integrator == "rk4"
-    STAGES = 4 if rk4 else 1
-    exponential = rule.exponential
-    softmax_norm = rule.normalization == "softmax"
-    kernel_fn = None if exponential else ti.func(rule.kernel)
-    potential_fn = ti.func(rule.potential) if (rule.potential is not None and not exponential) else None
-    with_potential = potential_fn is not None
-    NEG_BIG = -3.0e38 if f32 else -1.0e300
-    n_slots = n_tok_slots(H)
+def vector_helpers(real, L: int):
+    """(c, splat, vabs, exp_clamped) for L-lane Taichi vectors compiled unscalarised (shared
+    with kernels_wide)."""
+    f32 = real == ti.f32
     vec = ti.types.vector(L, real)
-    arr1 = ti.types.ndarray(dtype=real, ndim=1)
-    arr3 = ti.types.ndarray(dtype=real, ndim=3)
-    arr4 = ti.types.ndarray(dtype=real, ndim=4)
-    f64arr4 = ti.types.ndarray(dtype=ti.f64, ndim=4)
-    v1 = ti.types.ndarray(dtype=vec, ndim=1)
-    v2 = ti.types.ndarray(dtype=vec, ndim=2)
-    v3 = ti.types.ndarray(dtype=vec, ndim=3)
-    v4 = ti.types.ndarray(dtype=vec, ndim=4)
     ln2_hi, ln2_lo = 0.693145751953125, 1.428606765330187e-06  # Cody-Waite split of ln 2
 
     @ti.func
@@ -161,6 +142,35 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
             for k in range(L):
                 result[k] = ti.exp(zc[k])
         return result
+
+    return c, splat, vabs, exp_clamped
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: int,
+                  integrator: str, L: int):
+    real = ti.f32 if dtype == "float32" else ti.f64
+    f32 = dtype == "float32"
+    sphere = geometry == "sphere"
+    rk4 = integrator == "rk4"
+    STAGES = 4 if rk4 else 1
+    exponential = rule.exponential
+    softmax_norm = rule.normalization == "softmax"
+    kernel_fn = None if exponential else ti.func(rule.kernel)
+    potential_fn = ti.func(rule.potential) if (rule.potential is not None and not exponential) else None
+    with_potential = potential_fn is not None
+    NEG_BIG = -3.0e38 if f32 else -1.0e300
+    n_slots = n_tok_slots(H)
+    vec = ti.types.vector(L, real)
+    arr1 = ti.types.ndarray(dtype=real, ndim=1)
+    arr3 = ti.types.ndarray(dtype=real, ndim=3)
+    arr4 = ti.types.ndarray(dtype=real, ndim=4)
+    f64arr4 = ti.types.ndarray(dtype=ti.f64, ndim=4)
+    v1 = ti.types.ndarray(dtype=vec, ndim=1)
+    v2 = ti.types.ndarray(dtype=vec, ndim=2)
+    v3 = ti.types.ndarray(dtype=vec, ndim=3)
+    v4 = ti.types.ndarray(dtype=vec, ndim=4)
+    c, splat, vabs, exp_clamped = vector_helpers(real, L)
 
     @ti.func
     def evaluate(b, y: ti.template(), out: ti.template(), Qf: ti.template(), Kf: ti.template(),

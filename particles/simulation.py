@@ -10,6 +10,7 @@ from . import attention as attention_mod
 from . import backend, kernels, kernels_fused
 from .attention import Attention
 from .heads import Head
+from .kernels_wide import WideHeads
 from .integrators import INTEGRATORS
 from .observables import assemble_rows
 from .rule_check import check_rule_compiles
@@ -191,7 +192,8 @@ class Simulation:
         self._use_layer(0)
         # The tiled fast path packs its own operands: it reads none of q, k, u, g, and writes
         # q, k only for the entropy rate. Unused ones get a one-element stand-in of the same rank.
-        fast = all(isinstance(hp, kernels.FastHeads) for st in self._layers for _, hp, _ in st.passes)
+        fast = all(isinstance(hp, (kernels.FastHeads, WideHeads))  # they pack their own operands
+                   for st in self._layers for _, hp, _ in st.passes)
         tokens_qk = n if (not fast or self.entropy_rate_enabled) else 1
         tokens_ug = 1 if fast else n
         self._q, self._k = arr(R, H, tokens_qk, r), arr(R, H, tokens_qk, r)
