@@ -400,12 +400,14 @@ class KernelSet:
             return PlainHeads(self)
         cpu = ti.lang.impl.current_cfg().arch in (ti.x64, ti.arm64)
         if self.exponential and cpu and not self.features.any:
-            # the tiled and wide CPU paths have no masks, biases or per-head parameters: those
-            # take the plain kernels below (the band-limited loops skip masked keys)
             from .kernels_wide import WIDE_MIN_N, WideHeads
             if n >= WIDE_MIN_N and not keep_qk:
                 return WideHeads(self._spec, n_replicas, n)
             return FastHeads(self._spec, n_replicas, n, keep_qk)
+        if self.exponential and cpu and self.features == Features(banded=True):
+            # masks alone: the tiled path walks only the key blocks a row tile can see
+            return FastHeads(self._spec, n_replicas, n, keep_qk, banded=True)
+        # biases, per-head betas and rules take the plain kernels (band-limited loops too)
         if backend.is_gpu():  # keys tiled through shared memory
             return kernels_gpu.TiledHeads(self, *self._gpu_spec)
         return PlainHeads(self)
@@ -483,12 +485,12 @@ class FastHeads:
         uc  (R H rvp npad)     floats      u transposed
     """
 
-    def __init__(self, spec, n_replicas: int, n: int, keep_qk: bool):
+    def __init__(self, spec, n_replicas: int, n: int, keep_qk: bool, banded: bool = False):
         real, d, H, r, rv, softmax_norm = spec
         dtype = "float32" if real == ti.f32 else "float64"
         TI, L, J = TILES[(dtype, n >= LARGE_N)]
         AL = _value_lanes(L, rv)
-        self.kernels = _fast_kernels(real, d, H, r, rv, softmax_norm, TI, L, J, AL)
+        self.kernels = _fast_kernels(real, d, H, r, rv, softmax_norm, TI, L, J, AL, banded)
         R = n_replicas
         ntile = -(-n // TI)
         npad = -(-max(n, ntile * TI) // J) * J
@@ -529,7 +531,7 @@ class FastHeads:
             project(x, beta, self.qc, self.kc, self.wt, self.xt, self.xq, self.qt, self.kt, self.uc,
                     q, k, self.keep_qk)
         with _compile_options(scalarize=True, active=first):
-            pair(self.qt, self.kt, self.bias, self.uc, self.gt, row, -1)
+            pair(self.qt, self.kt, self.bias, self.uc, self.gt, row, hint, -1)
         with _compile_options(scalarize=False, active=first):
             head_out(self.gt, self.ot, f)
         self._ready = True
@@ -564,13 +566,14 @@ class _compile_options:
 
 @functools.lru_cache(maxsize=None)
 def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI: int, L: int,
-                  J: int, AL: int):
+                  J: int, AL: int, banded: bool = False):
     f32 = real == ti.f32
     ibits = ti.i32 if f32 else ti.i64
     sign_off = 0x7FFFFFFF if f32 else 0x7FFFFFFFFFFFFFFF
     shift = 31 if f32 else 63
     NEG_BIG = -3.0e38 if f32 else -1.0e300
     PAD = -1.0e30           # score of a padding column: its weight underflows to 0
+    HIDDEN = -1.0e29        # banded: z - m below this is a PAD column (weight exactly 0)
     NB = J // L             # L-token groups per block
     lanes_j = rv <= SMALL_RV  # the weighted sum of u runs along j (see pair)
     A = A_SMALL
@@ -580,6 +583,7 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
     rva = rvp if lanes_j else nac * AL  # value rank padded to whole groups
     arr1 = ti.types.ndarray(dtype=real, ndim=1)
     arr3 = ti.types.ndarray(dtype=real, ndim=3)
+    int2 = ti.types.ndarray(dtype=ti.i32, ndim=2)
     arr4 = ti.types.ndarray(dtype=real, ndim=4)
     vecL = ti.types.ndarray(dtype=ti.types.vector(L, real), ndim=1)
     TP = _pow2(TI)          # TI-vectors are stored padded to a power of 2: LLVM assumes
@@ -774,10 +778,13 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
                     uc[(bh * nac + ac) * ntq * TI + it * TI + t] = rows[t]
 
     @ti.kernel
-    def pair(qt: vecT, kt: vecL, bias: vecL, uc: u_arr, gt: vecT, row: arr4, never: ti.i32):
+    def pair(qt: vecT, kt: vecL, bias: vecL, uc: u_arr, gt: vecT, row: arr4, hint: int2,
+             never: ti.i32):
         """g_i = sum_j w_ij u_j for the TI rows of a tile per thread, in blocks of J columns:
         scores (register tile), block maximum and re-basing, weights (vectorised exp), then
-        the weighted sum of u (register tile). Row statistics as in ``pair``."""
+        the weighted sum of u (register tile). Row statistics as in ``pair``. banded: only
+        the blocks that meet the tile's bands (hint[h] = keys below, above a row); in a block
+        that crosses a band edge the hidden scores become PAD, their weights exactly 0."""
         R, n = row.shape[0], row.shape[2]
         ntile = qt.shape[0] // (R * H * r)
         nbl = bias.shape[0]
@@ -793,7 +800,14 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
             ent = ti.Vector.zero(real, TI)      # sum of e^{z - m} (z - m)
             acc = ti.Matrix.zero(real, TI, rva)  # sum of e^{z - m} u_j
             w = ti.Matrix.zero(real, TI, J)      # scores, then weights, of one block
-            for jb in range(npad // J):
+            jb_lo, jb_hi = 0, npad // J
+            below, above = 0, 0
+            if ti.static(banded):
+                below, above = hint[h, 0], hint[h, 1]
+                i_last = ti.min(it * TI + TI, n) - 1
+                jb_lo = ti.max(0, it * TI - below) // J
+                jb_hi = (ti.min(n, i_last + above + 1) + J - 1) // J
+            for jb in range(jb_lo, jb_hi):
                 for jl in range(NB):
                     init = ti.Matrix.zero(real, TI, L)
                     bv = bias[jb * NB + jl]
@@ -805,6 +819,16 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
                     for t in ti.static(range(TI)):
                         for cc in ti.static(range(L)):
                             w[t, jl * L + cc] = s[t, cc]
+                edge = False
+                if ti.static(banded):
+                    # a block wholly inside every row's band needs no mask
+                    edge = jb * J < it * TI + TI - 1 - below or jb * J + J - 1 > it * TI + above
+                    if edge:
+                        for t in ti.static(range(TI)):
+                            for j in range(J):
+                                col = jb * J + j
+                                if col < it * TI + t - below or col > it * TI + t + above:
+                                    w[t, j] = c(PAD)
                 for t in ti.static(range(TI)):  # one row per loop: fewer live registers
                     top = key(c(NEG_BIG))
                     for j in range(J):
@@ -824,6 +848,9 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
                     for j in range(J):
                         zm = w[t, j] - m[t]
                         e = exp_le0(zm)
+                        if ti.static(banded):  # hidden keys (PAD): weight exactly 0, not e^-87
+                            e = ti.select(zm > c(HIDDEN), e, c(0))
+                            zm = ti.select(zm > c(HIDDEN), zm, c(0))
                         w[t, j] = e
                         wpart += e
                         epart += e * zm
@@ -869,7 +896,10 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
                     if ti.static(softmax_norm):
                         norm[t] = c(1) / wsum[t]
                     else:
-                        norm[t] = ti.exp(m[t]) / c(n)
+                        count = c(n)  # mean normalisation: the number of visible keys
+                        if ti.static(banded):
+                            count = c(ti.min(n, i + above + 1) - ti.max(0, i - below))
+                        norm[t] = ti.exp(m[t]) / count
                     row[b, h, i, 0] = m[t]
                     row[b, h, i, 1] = wsum[t]
                     row[b, h, i, 2] = ti.log(wsum[t]) - ent[t] / wsum[t]

@@ -263,3 +263,26 @@ def test_position_aware_rule_registration_is_checked():
         particles.register_rule("test_positional_potential", kernel=four_args, potential=potential)
     rule = particles.register_rule("test_positional_ok", kernel=four_args, overwrite=True)
     assert rule.positional and not rule.has_potential
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("mask, window", [("causal", None), ("window", 37), ("causal_window", 90)])
+def test_masked_exponential_heads_take_the_tiled_cpu_path(mask, window, dtype):
+    """Masks alone keep exp/softmax heads on the tiled CPU path (large tiles at n = 300: the
+    key blocks outside a row tile's band are skipped, edge blocks masked); against the
+    reference. Biases and per-head betas take the plain kernels."""
+    n, d, beta = 300, 4, 1.3
+    x = random_tokens(n, d, 12)
+    heads = general_heads(2, d, 12)
+    for rule in ("softmax", "exp"):
+        sim = particles.Simulation(x, heads, beta=beta, rule=rule, dtype=dtype,
+                                   attention=Attention(mask=mask, window=window))
+        assert type(sim._heads).__name__ == "FastHeads"
+        specs = [ref.HeadSpec(rule, mask=mask, window=window)] * 2
+        assert rel_err(sim.velocity(), ref.spec_velocity(x, heads, beta, specs)) < RTOL[dtype]
+        sim.observe()
+        row = sim.take_rows()[0]
+        for key, value in ref.spec_observables(x, heads, beta, specs).items():
+            assert row[key] == pytest.approx(value, rel=1e-9 if dtype == "float64" else 2e-5, abs=1e-12), key
+    biased = particles.Simulation(x[:20], heads, beta=beta, rule="softmax", attention=Attention(alibi=0.1))
+    assert type(biased._heads).__name__ == "PlainHeads"
