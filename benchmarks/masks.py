@@ -7,11 +7,11 @@ Causal attention visits (n + 1) / 2 keys per row on average, so its pair pass sh
 about half; a window of w keys per side about (2w + 1) / n. Two families, each against
 its own unmasked baseline (ratio = time / baseline):
 
-    banded   the default path for masked exp/softmax heads (on the CPU the tiled path,
-             walking only the key blocks a row tile can see); baseline: mask 'window'
-             with window = n (hides nothing, same kernel)
-    plain    the plain kernels (path 'plain'), which ALiBi, per-head betas and rules
-             take on the CPU; baseline: no mask
+    banded   the default path for masked or ALiBi exp/softmax heads (on the CPU the tiled
+             path, walking only the key blocks a row tile can see); baseline: mask
+             'window' with window = n (hides nothing, same kernel)
+    plain    the plain kernels (path 'plain'), which heads with different rules, ReLU
+             and user rules take on the CPU; baseline: no mask
 
 and, for scale, the unmasked step on the default path (the tiled or wide pass).
 """
@@ -56,7 +56,8 @@ def main() -> None:
         families = {
             "banded": ("auto", {"window n": Attention(mask="window", window=n),
                                 "causal": Attention(mask="causal"),
-                                "window 64": Attention(mask="window", window=64)}),
+                                "window 64": Attention(mask="window", window=64),
+                                "alibi": [Attention(alibi=m) for m in particles.alibi_slopes(H)]}),
             "plain": ("plain", {"none": None, "causal": Attention(mask="causal"),
                                 "window 64": Attention(mask="window", window=64),
                                 "alibi": [Attention(alibi=m) for m in particles.alibi_slopes(H)]}),

@@ -404,10 +404,10 @@ class KernelSet:
             if n >= WIDE_MIN_N and not keep_qk:
                 return WideHeads(self._spec, n_replicas, n)
             return FastHeads(self._spec, n_replicas, n, keep_qk)
-        if self.exponential and cpu and self.features == Features(banded=True):
-            # masks alone: the tiled path walks only the key blocks a row tile can see
-            return FastHeads(self._spec, n_replicas, n, keep_qk, banded=True)
-        # biases, per-head betas and rules take the plain kernels (band-limited loops too)
+        if self.exponential and cpu and not self.features.filtered:
+            # masks, ALiBi and per-head betas on the tiled path: it walks only the key blocks
+            # a row tile can see; heads with different rules take the plain kernels
+            return FastHeads(self._spec, n_replicas, n, keep_qk, features=self.features)
         if backend.is_gpu():  # keys tiled through shared memory
             return kernels_gpu.TiledHeads(self, *self._gpu_spec)
         return PlainHeads(self)
@@ -485,12 +485,13 @@ class FastHeads:
         uc  (R H rvp npad)     floats      u transposed
     """
 
-    def __init__(self, spec, n_replicas: int, n: int, keep_qk: bool, banded: bool = False):
+    def __init__(self, spec, n_replicas: int, n: int, keep_qk: bool, features: Features = PLAIN):
         real, d, H, r, rv, softmax_norm = spec
         dtype = "float32" if real == ti.f32 else "float64"
         TI, L, J = TILES[(dtype, n >= LARGE_N)]
         AL = _value_lanes(L, rv)
-        self.kernels = _fast_kernels(real, d, H, r, rv, softmax_norm, TI, L, J, AL, banded)
+        self.kernels = _fast_kernels(real, d, H, r, rv, softmax_norm, TI, L, J, AL, features.banded,
+                                     features.biased, features.head_beta)
         R = n_replicas
         ntile = -(-n // TI)
         npad = -(-max(n, ntile * TI) // J) * J
@@ -528,10 +529,10 @@ class FastHeads:
             with _compile_options(scalarize=True):
                 prep(Q, K, W, O, self.qc, self.kc, self.wt, self.ot, self.bias, self.n)
         with _compile_options(scalarize=False, active=first):
-            project(x, beta, self.qc, self.kc, self.wt, self.xt, self.xq, self.qt, self.kt, self.uc,
+            project(x, beta, hreal, self.qc, self.kc, self.wt, self.xt, self.xq, self.qt, self.kt, self.uc,
                     q, k, self.keep_qk)
         with _compile_options(scalarize=True, active=first):
-            pair(self.qt, self.kt, self.bias, self.uc, self.gt, row, hint, -1)
+            pair(self.qt, self.kt, self.bias, self.uc, self.gt, row, hint, hreal, -1)
         with _compile_options(scalarize=False, active=first):
             head_out(self.gt, self.ot, f)
         self._ready = True
@@ -566,7 +567,7 @@ class _compile_options:
 
 @functools.lru_cache(maxsize=None)
 def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI: int, L: int,
-                  J: int, AL: int, banded: bool = False):
+                  J: int, AL: int, banded: bool = False, biased: bool = False, head_beta: bool = False):
     f32 = real == ti.f32
     ibits = ti.i32 if f32 else ti.i64
     sign_off = 0x7FFFFFFF if f32 else 0x7FFFFFFFFFFFFFFF
@@ -584,6 +585,7 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
     arr1 = ti.types.ndarray(dtype=real, ndim=1)
     arr3 = ti.types.ndarray(dtype=real, ndim=3)
     int2 = ti.types.ndarray(dtype=ti.i32, ndim=2)
+    arr2 = ti.types.ndarray(dtype=real, ndim=2)
     arr4 = ti.types.ndarray(dtype=real, ndim=4)
     vecL = ti.types.ndarray(dtype=ti.types.vector(L, real), ndim=1)
     TP = _pow2(TI)          # TI-vectors are stored padded to a power of 2: LLVM assumes
@@ -693,8 +695,8 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
             bias[jl] = vb
 
     @ti.kernel
-    def project(x: arr3, beta: arr1, qc: vecT, kc: vecT, wt: w_arr, xt: vecL, xq: vecT, qt: vecT,
-                kt: vecL, uc: u_arr, q: arr4, k: arr4, keep_qk: ti.template()):
+    def project(x: arr3, beta: arr1, hreal: arr2, qc: vecT, kc: vecT, wt: w_arr, xt: vecL, xq: vecT,
+                qt: vecT, kt: vecL, uc: u_arr, q: arr4, k: arr4, keep_qk: ti.template()):
         """beta q, k, u into qt, kt, uc (and q, k with keep_qk). Compiled with Taichi
         vectors kept as LLVM vectors: each tile row is one vector, stored whole."""
         R, n = x.shape[0], x.shape[1]
@@ -748,7 +750,11 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
                 for t in ti.static(range(TI)):
                     a = g * TI + t
                     if a < r:
-                        qt[(bh * ntile + it) * r + a] = rows[t] * beta[b]
+                        bt = beta[b]
+                        if ti.static(head_beta):  # the head's own beta, where it has one
+                            if hreal[h, 1] > 0:
+                                bt = hreal[h, 1]
+                        qt[(bh * ntile + it) * r + a] = rows[t] * bt
                         if ti.static(keep_qk):
                             for cc in ti.static(range(TI)):
                                 if it * TI + cc < n:
@@ -778,13 +784,14 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
                     uc[(bh * nac + ac) * ntq * TI + it * TI + t] = rows[t]
 
     @ti.kernel
-    def pair(qt: vecT, kt: vecL, bias: vecL, uc: u_arr, gt: vecT, row: arr4, hint: int2,
+    def pair(qt: vecT, kt: vecL, bias: vecL, uc: u_arr, gt: vecT, row: arr4, hint: int2, hreal: arr2,
              never: ti.i32):
         """g_i = sum_j w_ij u_j for the TI rows of a tile per thread, in blocks of J columns:
         scores (register tile), block maximum and re-basing, weights (vectorised exp), then
         the weighted sum of u (register tile). Row statistics as in ``pair``. banded: only
         the blocks that meet the tile's bands (hint[h] = keys below, above a row); in a block
-        that crosses a band edge the hidden scores become PAD, their weights exactly 0."""
+        that crosses a band edge the hidden scores become PAD, their weights exactly 0.
+        biased: z_ij -= slope_h |i - j| (hreal[h, 0]) as the scores land."""
         R, n = row.shape[0], row.shape[2]
         ntile = qt.shape[0] // (R * H * r)
         nbl = bias.shape[0]
@@ -802,6 +809,9 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
             w = ti.Matrix.zero(real, TI, J)      # scores, then weights, of one block
             jb_lo, jb_hi = 0, npad // J
             below, above = 0, 0
+            slope = c(0)
+            if ti.static(biased):
+                slope = hreal[h, 0]
             if ti.static(banded):
                 below, above = hint[h, 0], hint[h, 1]
                 i_last = ti.min(it * TI + TI, n) - 1
@@ -818,7 +828,11 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
                                  1, rk, never, L)
                     for t in ti.static(range(TI)):
                         for cc in ti.static(range(L)):
-                            w[t, jl * L + cc] = s[t, cc]
+                            if ti.static(biased):
+                                dist = ti.abs(it * TI + t - ((jb * NB + jl) * L + cc))
+                                w[t, jl * L + cc] = s[t, cc] - slope * c(dist)
+                            else:
+                                w[t, jl * L + cc] = s[t, cc]
                 edge = False
                 if ti.static(banded):
                     # a block wholly inside every row's band needs no mask

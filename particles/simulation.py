@@ -89,10 +89,11 @@ class Simulation:
     beta: one inverse temperature, or one per replica.
     attention: per-head masks, positional biases, rules and betas (``particles.Attention``,
     one for every head or one per head); heads may also be a ``particles.Schedule`` of
-    layers, each with its own heads and attention. On the CPU, masked exp/softmax heads run
-    the tiled path over visible key blocks; biases, per-head betas and rules run the plain
-    kernels (neither the fused nor the wide path carries positions); on a GPU the tiled
-    pair pass carries all of it, skipping key tiles no row of a block sees.
+    layers, each with its own heads and attention. On the CPU, exp/softmax heads with masks,
+    ALiBi or own betas run the tiled path over visible key blocks; layers mixing rules, ReLU
+    and user rules run the plain kernels (neither the fused nor the wide path carries
+    positions); on a GPU the tiled pair pass carries all of it, skipping key tiles no row of
+    a block sees.
     path: 'fused' (k whole steps per kernel launch: small n, CPU), 'tiled' (a launch per
     kernel, parallel within a replica: large n, any arch) or 'auto' (fused up to
     ``kernels_fused.FUSED_MAX_N`` tokens; see ``kernels_fused.choose_path``). Both match the

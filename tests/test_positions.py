@@ -284,5 +284,26 @@ def test_masked_exponential_heads_take_the_tiled_cpu_path(mask, window, dtype):
         row = sim.take_rows()[0]
         for key, value in ref.spec_observables(x, heads, beta, specs).items():
             assert row[key] == pytest.approx(value, rel=1e-9 if dtype == "float64" else 2e-5, abs=1e-12), key
-    biased = particles.Simulation(x[:20], heads, beta=beta, rule="softmax", attention=Attention(alibi=0.1))
-    assert type(biased._heads).__name__ == "PlainHeads"
+    mixed = particles.Simulation(x[:20], heads, beta=beta, rule="softmax",
+                                 attention=[Attention(), Attention(rule="exp")])
+    assert type(mixed._heads).__name__ == "PlainHeads"  # one pass per rule: the plain kernels
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("n", [13, 300])
+def test_alibi_and_head_betas_on_the_tiled_cpu_path(n, dtype):
+    """ALiBi slopes (with and without a mask) and per-head betas on the tiled path."""
+    d, beta = 4, 1.3
+    x = random_tokens(n, d, 13)
+    heads = general_heads(2, d, 13)
+    for rule in ("softmax", "exp"):
+        attention = [Attention(mask="causal", alibi=0.2, beta=0.5, rule=rule), Attention(alibi=0.05, beta=2.0)]
+        specs = [ref.HeadSpec(rule, mask="causal", alibi=0.2, beta=0.5), ref.HeadSpec(rule, alibi=0.05, beta=2.0)]
+        if rule == "exp":
+            attention[1] = Attention(alibi=0.05, beta=2.0, rule="exp")
+            specs[1] = ref.HeadSpec("exp", alibi=0.05, beta=2.0)
+        sim = particles.Simulation(x, heads, beta=beta, rule=rule, dtype=dtype, attention=attention)
+        assert type(sim._heads).__name__ == "FastHeads"
+        assert rel_err(sim.velocity(), ref.spec_velocity(x, heads, beta, specs)) < RTOL[dtype]
+        sim.advance(1)
+        assert rel_err(sim.tokens, ref.spec_step(x, heads, beta, specs, "sphere", 0.01, "rk4")) < 2 * RTOL[dtype]
