@@ -432,7 +432,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         tj = [p for p in tj if math.isfinite(p[1])]
         if tj:
             ax.plot(*zip(*tj), "v", color=f"C{i}", ms=7)
-    ax.plot([], [], "kx", label="measured: (H−1)|a||f| = ‖Pf‖²")
+    ax.plot([], [], "kx", label="measured: cos∠(f, x) = c* (the paper's form)")
     ax.plot([], [], "ko", mfc="none", label="measured: ρ(t=0) = 1 (dotted: closed form)")
     ax.plot([], [], "kv", label=f"measured: ρ > 1 within t ≤ {fmt(t_runs[0])}")
     ax.set_xscale("log", base=2)
@@ -455,11 +455,15 @@ def run_experiment(quick: bool, fig_dir) -> Result:
     bs = beta_star(H0, n0, alpha)
     ax.axvline(bs, color="C3", ls="--", label=f"β* = {bs:.4f}")
     ax.axhline(c_star(H0), color="C3", ls=":", label=f"c*(2) = {c_star(H0):.4f}")
+    cos_b, _ = paper_form_cosine(tr, H0)
+    ax.plot(bgrid, cos_b[:, 0, 0], "s", ms=3, mfc="none", color="C2",
+            label="paper's form: cos∠(f^h_i, x_i), engine")
     ax.axhline(1.0, color="k", lw=0.6)
     ax.set_xlabel("β")
-    ax.set_ylabel("ρ_h at t = 0")
+    ax.set_ylabel("ρ_h and cos∠(f, x) at t = 0")
+    ax.set_ylim(0, 2.5)
     ax.legend(fontsize=7)
-    panel_label(ax, f"(b) H = {H0}, n = {n0}: ρ(β*) = c*, ρ = 1 later")
+    panel_label(ax, f"(b) H = {H0}, n = {n0}: cos = c* at β* (sufficient); ρ = 1 later")
     fig_name = save(fig, fig_dir, "e3_critical_beta.png")
 
     measurement = (

@@ -263,7 +263,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
     ax.set_xlabel("n")
     ax.set_ylabel("T / n")
     ax.legend(fontsize=7)
-    panel_label(ax, "(c) T/n: falls for softmax; ~ ln d for ReLU")
+    panel_label(ax, f"(c) T/n at d = {dmax}")
     fig_name = save(fig, fig_dir, "e5_relu_softmax.png")
 
     rows = []
