@@ -110,6 +110,12 @@ def test_relu_fit_disagrees_with_a_quadratic_law():
     assert relu_verdict(relu_fit(pts, B=100))[0] == stats.DISAGREES
 
 
+def test_relu_fit_disagrees_with_a_power_law_in_d():
+    pts = _points(lambda n, d: 0.05 * n * math.sqrt(d))             # d-growth far faster than log d
+    verdict, why = relu_verdict(relu_fit(pts, B=100))
+    assert verdict == stats.DISAGREES and "not the best" in why
+
+
 def test_relu_fit_cannot_decide_when_most_runs_never_escape():
     pts = _points(lambda n, d: 0.2 * n * math.log(d))
     for p in pts:
