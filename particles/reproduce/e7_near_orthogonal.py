@@ -151,30 +151,33 @@ def run_experiment(quick: bool, fig_dir) -> Result:
             lc["verdict"] == stats.AGREES, verdict=lc["verdict"],
             note=f"K_C = {fmt(lc['slope'], 3)}; local exponent {fmt(lc['exponent'], 3)}"))
 
-    # --- figure: relative rate and C_h against delta, both families
-    fig, axes = figure(2, 1, width=5.0, height=3.9)
-    for ax, key, label in ((axes[0], "min_rel_rate", "min_t,h (dE_h/dt) / kinetic"),
-                           (axes[1], "min_rel_cross", "min_t,h C_h / kinetic")):
-        for i, (kind, f) in enumerate(fams.items()):
-            per = f["per_angle"]
-            dl = np.array([p["delta"] for p in per])
-            y = np.array([p[key] for p in per])
-            ax.plot(dl, y, "o-", color=f"C{i}", label=f"{kind} ({f['kept']}/{f['starts']} starts)")
-            bound = f["rate_bound" if key == "min_rel_rate" else "cross_bound"]["slope"]
-            if np.isfinite(bound) and bound > 0:
-                dd = np.linspace(0, dl.max(), 20)
-                ax.plot(dd, y[0] - bound * dd, ":", color=f"C{i}", lw=1.2,
-                        label=f"δ = 0 value − K δ, K = {fmt(bound, 3)}")
-            for p in per:
-                if i == 0:
-                    ax.annotate(f"{p['angle']:g}°", (p["delta"], p[key]), textcoords="offset points",
-                                xytext=(3, 5), fontsize=6)
+    # --- figure: relative rate, its drop, and C_h against delta, both families
+    fig, axes = figure(3, 1, width=4.6, height=3.9)
+    for i, (kind, f) in enumerate(fams.items()):
+        per = f["per_angle"]
+        dl = np.array([0.0 if p["angle"] == 90.0 else p["delta"] for p in per])
+        lab = f"{kind} ({f['kept']}/{f['starts']} starts)"
+        axes[0].plot(dl, [p["min_rel_rate"] for p in per], "o-", color=f"C{i}", label=lab)
+        rb, cb = f["rate_bound"], f["cross_bound"]
+        dd = np.linspace(0, dl.max(), 20)
+        axes[1].plot(rb["deltas"], rb["drops"], "o-", color=f"C{i}", label=lab)
+        axes[1].plot(dd, rb["slope"] * dd, ":", color=f"C{i}", lw=1.2, label=f"K δ, K = {fmt(rb['slope'], 3)}")
+        axes[2].plot(dl, [p["min_rel_cross"] for p in per], "o-", color=f"C{i}", label=lab)
+        axes[2].plot(dd, -cb["slope"] * dd, ":", color=f"C{i}", lw=1.2, label=f"−K_C δ, K_C = {fmt(cb['slope'], 3)}")
+        if i == 0:
+            for p, x_ in zip(per, dl):
+                axes[0].annotate(f"{p['angle']:g}°", (x_, p["min_rel_rate"]), textcoords="offset points",
+                                 xytext=(3, 5), fontsize=6)
+    for ax, ylab in zip(axes, ("min_t,h,starts (dE_h/dt) / kinetic",
+                               "worst per-start drop of min_t,h (dE_h/dt)/kinetic",
+                               "min_t,h C_h / kinetic")):
         ax.axhline(0, color="k", lw=0.6)
         ax.set_xlabel("δ = ||M_h' M_h||_op (= cos of the principal angle)")
-        ax.set_ylabel(label)
+        ax.set_ylabel(ylab)
         ax.legend(fontsize=7)
-    panel_label(axes[0], f"(a) per-head rate, t ≤ {fmt(t_win)}, states with ρ_h ≤ 1 at δ = 0")
-    panel_label(axes[1], "(b) ambient cross-coupling")
+    panel_label(axes[0], f"(a) per-head rate, t ≤ {fmt(t_win)}, ρ_h ≤ 1 at δ = 0")
+    panel_label(axes[1], "(b) drop against δ = 0, same start: ≤ K δ")
+    panel_label(axes[2], "(c) ambient cross-coupling")
     fig_name = save(fig, fig_dir, "e7_near_orthogonal.png")
 
     rows = []
