@@ -4,7 +4,11 @@
     report = main(quick=True, out_dir=Path("repro"))   # -> repro/report.md (+ report.json, PNGs)
 
 One module per experiment (``e1_energy`` ... ``e7_near_orthogonal``); each exposes
-``run_experiment(quick, fig_dir) -> common.Result``. Every number in the report comes
+``run_experiment(quick, fig_dir) -> common.Result``, whose checks each carry a verdict
+(agrees / disagrees / outside the theorem's assumptions / cannot decide; ``stats``).
+Helpers: ``stats`` (fits with confidence intervals, bootstrap, verdicts), ``equiangular``
+(the 1-D gamma ODE), ``head_outputs`` (per-token head outputs on the host, for the paper's
+form of Theorem 19's condition). The results themselves are stated in docs/MODEL.md. Every number in the report comes
 from the runs made here (closed forms are evaluated here too, never typed in).
 ``quick`` finishes in a few minutes on two CPU cores; the full run uses larger ensembles
 and grids (up to about an hour).
