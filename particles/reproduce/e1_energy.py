@@ -10,7 +10,7 @@ from scenes import head_builders, load_scene
 
 from ..heads import Head
 from . import stats
-from .common import Check, Result, figure, fit_line, fmt, make_sim, md_table, panel_label, run, save
+from .common import Check, Result, figure, fmt, make_sim, md_table, panel_label, run, save
 from .head_outputs import head_outputs
 
 ORDER_TOL = 0.25     # the deficit's fitted order in eps must be >= 1 - ORDER_TOL for "a bound of order eps"

@@ -101,7 +101,6 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         base = run(X, family(kind, H, d, rank, 90.0, hseed, strength), beta, rule=rule, dt=dt, steps=steps)
         rho = base.head("radial_dominance", H)
         keep = np.all(rho <= 1.0, axis=(1, 2))
-        Xk = X[keep]
         per = []
         for ang in angles:
             heads = family(kind, H, d, rank, ang, hseed, strength)
@@ -119,7 +118,6 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         lb_rate = linear_bound(dl, [float(np.max(m0 - np.array(p["min_rel_rate_per_start"]))) for p in per])
         lb_cross = linear_bound(dl, [-p["min_rel_cross"] for p in per])
         fams[kind] = dict(kept=int(keep.sum()), starts=R, per_angle=per, rate_bound=lb_rate, cross_bound=lb_cross)
-        del Xk
 
     max_overlap_err = max(abs(p["delta"] - strength ** 2 * math.cos(math.radians(p["angle"])))
                           for f in fams.values() for p in f["per_angle"])
@@ -132,7 +130,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
                                 note="no start satisfies the theorem's hypothesis: the experiment cannot decide"))
             continue
         lb = f["rate_bound"]
-        at0 = per_start_min = min(f["per_angle"][0]["min_rel_rate_per_start"])
+        at0 = min(f["per_angle"][0]["min_rel_rate_per_start"])
         checks.append(Check(
             f"{kind}: per-head rate at δ = 0 (ρ_h ≤ 1 kept states) is ≥ 0", at0, ">= 0 (Condition 8)",
             f"min_t,h dE_h/dt / kinetic >= -{RATE_TOL:g}", at0 >= -RATE_TOL,
