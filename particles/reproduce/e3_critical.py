@@ -478,6 +478,11 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         f"heads the per-head rate is dE_h/dt = T_h + C_h − R_h "
         f"= H·T_h = kinetic/H ≥ 0, so the meaningful failure along a run is that of Condition 8 "
         f"(equivalently T_h − R_h < 0, the per-head rate the heads would have if they were orthogonal). "
+        f"(c) The paper's form cos∠(f^h_i, x_i) is computed per token from the head outputs (NumPy, from the "
+        f"tokens and heads; a^h_i held against the engine's per-token `radial_h` to {fmt(a_host_err)}) and shown "
+        f"beside ρ_h. (d) Heads that are not identical ({'; '.join(NONIDENTICAL)}; H = 2, n = {n_ni}, "
+        f"d = {d_ni}) are run from orthonormal tokens at β/β* ∈ {ratios} for t ≤ {fmt(t_ni)}, and every logged "
+        f"`energy_rate_h` is searched for a decrease. "
         f"The orthonormal start stays equiangular, so that threshold is also predicted by the 1-D γ ODE with "
         f"the closed-form ρ(γ); it is shown beside the measurement. Max |measured − closed| for β_ρ: "
         f"{fmt(err_rho)}; max |β_CS − β*|: {fmt(err_cs)}; max |ρ(β*) − c*|: {fmt(err_rho_bs)}; "
@@ -488,9 +493,10 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         what=("Tests the claimed critical inverse temperature β* above which, with several identical heads and "
               "well-spread tokens, the radial pulls of the heads are said to overwhelm their useful (tangential) "
               "pulls."),
-        claim=("Scalar heads M_h = V_h = αI, orthonormal tokens: below β* the radial dominance condition "
-               "(ρ_h ≤ 1, Condition 8) holds; above it the radial shadows are too strong for the tangent dynamics "
-               "(the per-head statements lose their guarantee)."),
+        claim=("Identical scalar heads M_h = V_h = αI, orthonormal tokens: for β ≤ β* every head's output satisfies "
+               "cos∠(f^h_i, x_i) ≤ c*(H) (the paper's form of the condition), which implies radial dominance "
+               "(ρ_h ≤ 1, Condition 8). β* is a sufficient threshold, not a sharp one; whether dominance persists "
+               "along trajectories is left open."),
         closed_form=("c*(H) = (√((H−1)²+4) − (H−1))/2 (c*(2) = 1/golden ratio), β* = 1/(2α) ln(c*² (n−1)/(1−c*²)); "
                      "at orthonormal tokens ρ_h(0) = (H−1)e^{2βα}/(n−1), which crosses 1 at "
                      "β_ρ = ln((n−1)/(H−1))/(2α) = β* + ln(1/c*)/(2α)."),
