@@ -21,16 +21,25 @@ _EXPORTS = {
     "Simulation": "simulation", "BlowUpError": "simulation",
     "ArchError": "backend",
     "load_log": "output", "load_trajectory": "output",
+    "Result": "result", "Trajectory": "result",
+    "theory": None, "clusters": None,
 }
+# the application layer's entry points, for notebooks (imported on first use)
+_APP_EXPORTS = {"run_scene": "particles.app.run", "resume_run": "particles.app.run",
+                "build_simulation": "particles.app.build"}
 
-__all__ = list(_EXPORTS) + ["__version__"]
+__all__ = list(_EXPORTS) + list(_APP_EXPORTS) + ["__version__"]
 
 
 def __getattr__(name):
-    module = _EXPORTS.get(name)
-    if module is None:
+    if name in _APP_EXPORTS:
+        value = getattr(_importlib.import_module(_APP_EXPORTS[name]), name)
+    elif name in _EXPORTS:
+        module = _EXPORTS[name]
+        value = (_importlib.import_module(f".{name}", __name__) if module is None
+                 else getattr(_importlib.import_module(f".{module}", __name__), name))
+    else:
         raise AttributeError(f"module 'particles' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value
 

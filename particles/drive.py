@@ -45,6 +45,10 @@ class Trigger:
     def every_periods(self) -> list[int]:
         return []
 
+    def unfused(self) -> "Trigger":
+        """The part of this trigger an observation cannot be fused into a step for."""
+        return self
+
     def __or__(self, other: "Trigger") -> "Trigger":
         return AnyOf((self, other))
 
@@ -66,6 +70,9 @@ class Every(Trigger):
 
     def every_periods(self):
         return [self.k] if self.k > 0 else []
+
+    def unfused(self):
+        return NEVER
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,9 @@ class AnyOf(Trigger):
 
     def every_periods(self):
         return [k for p in self.parts for k in p.every_periods()]
+
+    def unfused(self):
+        return AnyOf(tuple(p.unfused() for p in self.parts))
 
 
 AT_END = _AtEnd()
@@ -205,8 +215,7 @@ class Driver:
     def _next_stop(self, s: int) -> int:
         end = self.end
         nxt = min([w.trigger.next_after(s, end) for w in self.writers]
-                  + [w.observe.next_after(s, end) for w in self.writers
-                     if not isinstance(w.observe, Every)]
+                  + [w.observe.unfused().next_after(s, end) for w in self.writers]
                   + [Every(self.check_every).next_after(s, end), AT_END.next_after(s, end)])
         if self.max_chunk > 0:
             nxt = min(nxt, s + self.max_chunk)

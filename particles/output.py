@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .result import Trajectory
 from .atomic import atomic_write_bytes, atomic_write_text, open_append  # noqa: F401 (one writer)
 
 TRAJECTORY_SCHEMA = 1
@@ -109,7 +110,8 @@ class TrajectoryWriter:
 
 
 def load_trajectory(path: str | Path):
-    """(steps, times, tokens, meta) from a run directory or its trajectory folder.
+    """The trajectory of a run directory (or its trajectory folder) as a named result:
+    ``.steps``, ``.times``, ``.tokens``, ``.meta`` (it also unpacks as that 4-tuple).
 
     tokens has shape (frames, n, d), or (frames, R, n, d) for an ensemble.
     """
@@ -126,7 +128,7 @@ def load_trajectory(path: str | Path):
     for chunk in chunks:
         with np.load(chunk) as data:
             steps.append(data["steps"]); times.append(data["times"]); tokens.append(data["tokens"])
-    return np.concatenate(steps), np.concatenate(times), np.concatenate(tokens), meta
+    return Trajectory(np.concatenate(steps), np.concatenate(times), np.concatenate(tokens), meta)
 
 
 def load_log(path: str | Path) -> dict[str, np.ndarray]:

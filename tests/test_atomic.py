@@ -41,3 +41,15 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypat
         atomic_write_text(target, "new")
     assert target.read_text() == "old"
     assert sorted(os.listdir(tmp_path)) == ["b.txt"]
+
+
+def test_the_command_line_refuses_a_planted_symlink_as_a_user_error(tmp_path):
+    from test_cli import particles_cli
+    outside = tmp_path / "outside.txt"
+    outside.write_text("precious")
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "log.csv").symlink_to(outside)
+    proc = particles_cli("run", "quickstart", "--steps", 2, "--no-render", "--quiet", "--out", run_dir)
+    assert proc.returncode == 2 and "symbolic link" in proc.stderr and "Traceback" not in proc.stderr
+    assert outside.read_text() == "precious"

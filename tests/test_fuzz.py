@@ -51,7 +51,7 @@ def test_random_scene_dicts_run_or_fail_clearly(raw):
         return
     event("valid scene, ran")
     with tempfile.TemporaryDirectory() as tmp:
-        scene.data["dynamics"]["steps"] = min(scene.data["dynamics"]["steps"], 3)
+        scene = scene.replace(dynamics={"steps": min(scene.dynamics.steps, 3)})
         result = run_scene(scene, Path(tmp) / "run", **QUIET)
         assert result.status in ("completed", "blow-up")
         if result.status == "blow-up":

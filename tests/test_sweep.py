@@ -1,4 +1,4 @@
-"""Parameter sweeps (particles.sweep): the file format and its errors, the grid and its work
+"""Parameter sweeps (particles.app.sweep): the file format and its errors, the grid and its work
 units, ensemble = single replicas, resume after a kill, local = Ray, the plots, the CLI hook."""
 from __future__ import annotations
 

@@ -30,9 +30,10 @@ class UserError(Exception):
 
 def _user_errors():
     from scenes import SceneError
+    from particles.atomic import SymlinkRefused
     from particles.backend import ArchError
     from particles.rule_check import RuleCompileError
-    return (UserError, SceneError, ArchError, RuleCompileError, FileNotFoundError)
+    return (UserError, SceneError, ArchError, RuleCompileError, FileNotFoundError, SymlinkRefused)
 
 
 def _load(scene_arg: str, overrides, steps=None, arch=None, dtype=None):
@@ -44,7 +45,7 @@ def _load(scene_arg: str, overrides, steps=None, arch=None, dtype=None):
         overrides.append(f"dynamics.dtype={dtype}")
     scene = load_scene(scene_arg, overrides=overrides)
     if steps is not None:
-        scene.data["dynamics"]["steps"] = steps
+        scene = scene.replace(dynamics={"steps": steps})
     return scene
 
 
@@ -124,7 +125,8 @@ def cmd_new(args) -> int:
     if path.exists() and not args.force:
         raise UserError(f"{str(path)!r} already exists; pass --force to overwrite it")
     template = files("scenes").joinpath("starter.toml").read_text()
-    path.write_text(template.replace("name = \"starter\"", f"name = \"{Path(name).name}\""))
+    from particles.atomic import atomic_write_text
+    atomic_write_text(path, template.replace("name = \"starter\"", f"name = \"{Path(name).name}\""))
     print(f"wrote {path}: edit it, then `particles run {path}`")
     return 0
 

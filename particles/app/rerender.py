@@ -13,15 +13,14 @@ from particles.clusters import cluster_labels
 from .build import build_simulation
 
 
-def render_config(render_section: dict, **overrides) -> RenderConfig:
-    """RenderConfig from a scene's resolved [render] section (plus overrides)."""
-    rc = {**render_section, **{k: v for k, v in overrides.items() if v is not None}}
-    return RenderConfig(view=rc.get("view", "auto"), color_by=rc.get("color_by", "index"),
-                        color_head=rc.get("color_head", 0), trails=rc.get("trails", 0),
-                        rotate=rc.get("rotate", False), projection=rc.get("projection", "pca_initial"),
-                        panels=tuple(rc.get("panels", ("energy", "radial_dominance", "entropy"))),
-                        fps=rc.get("fps", 30), dpi=rc.get("dpi", 100),
-                        width=rc.get("width", 1280), height=rc.get("height", 720))
+def render_config(render_section, **overrides) -> RenderConfig:
+    """RenderConfig from a scene's resolved [render] section (``scene.render``; its defaults are
+    the schema's, filled at validation), plus overrides."""
+    rc = {k: getattr(render_section, k) for k in ("view", "color_by", "color_head", "trails", "rotate",
+                                                   "projection", "panels", "fps", "dpi", "width", "height")}
+    rc.update({k: v for k, v in overrides.items() if v is not None})
+    rc["panels"] = tuple(rc["panels"])
+    return RenderConfig(**rc)
 
 
 def head_bases(heads) -> list[np.ndarray]:
@@ -35,9 +34,9 @@ def head_bases(heads) -> list[np.ndarray]:
 
 
 def run_info(scene, heads, beta: float) -> RunInfo:
-    dyn, tok = scene.data["dynamics"], scene.data["tokens"]
-    return RunInfo(name=scene.name, beta=float(beta), rule=dyn["rule"], n_heads=len(heads),
-                   n=tok["n"], d=tok["d"], geometry=dyn["geometry"], head_bases=head_bases(heads))
+    return RunInfo(name=scene.name, beta=float(beta), rule=scene.dynamics.rule, n_heads=len(heads),
+                   n=scene.tokens.n, d=scene.tokens.d, geometry=scene.dynamics.geometry,
+                   head_bases=head_bases(heads))
 
 
 def rerender(run_dir, out=None, **overrides) -> Path:
@@ -57,11 +56,11 @@ def rerender(run_dir, out=None, **overrides) -> Path:
         keep = log["replica"] == 0
         log = {k: v[keep] for k, v in log.items()}
     heads = scene.heads()
-    cfg = render_config(scene.data["render"], **overrides)
-    path = Path(out) if out else run_dir / ("rerender" + Path(scene.data["render"]["file"]).suffix)
+    cfg = render_config(scene.render, **overrides)
+    path = Path(out) if out else run_dir / ("rerender" + Path(scene.render.file).suffix)
     if path.suffix.lower() not in (".mp4", ".gif"):
         raise ValueError(f"output {str(path)!r}: the extension must be .mp4 or .gif")
-    threshold = float(scene.data["log"].get("cluster_threshold", 0.99))
+    threshold = float(scene.log.cluster_threshold)
     sim = None
     if cfg.color_by in ("radial", "entropy"):  # per-token values: one evaluation per frame
         sim = build_simulation(scene, tokens=tokens[0], heads=heads, beta=meta["beta"][0],

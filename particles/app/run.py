@@ -63,31 +63,30 @@ class Runner:
     def __init__(self, scene, run_dir: Path, *, render: bool = True, progress: bool = True,
                  checkpoint_every: int = 0, echo=print, resume: bool = False):
         self.scene, self.run_dir, self.echo = scene, Path(run_dir), echo
-        data = scene.data
-        self.dyn, self.logcfg, self.rendercfg = data["dynamics"], data["log"], data["render"]
-        self.steps_total = int(self.dyn["steps"])
+        dyn, log, render_cfg = scene.dynamics, scene.log, scene.render
+        self.steps_total = int(dyn.steps)
         self.checkpoint_every = int(checkpoint_every)
         self.show_progress = progress
         self.sim = sim = build_simulation(scene, echo=echo)
-        self.log_every = int(self.logcfg.get("every", 1))
-        traj_every = int(self.logcfg.get("trajectory_every", 0))
-        clusters_every = int(self.logcfg.get("clusters_every", 0))
-        self.render_on = bool(render and self.rendercfg.get("enabled", True))
-        frames = max(1, int(self.rendercfg.get("frames", 150)))
+        self.log_every = int(log.every)
+        traj_every = int(log.trajectory_every)
+        clusters_every = int(log.clusters_every)
+        self.render_on = bool(render and render_cfg.enabled)
+        frames = max(1, int(render_cfg.frames))
         raw = max(1, self.steps_total // frames)
         self.frame_every = max(self.log_every, int(round(raw / self.log_every)) * self.log_every)
-        groups = tuple(g for g in ("energy", "radial", "entropy") if self.logcfg.get(g, True))
+        groups = tuple(g for g in ("energy", "radial", "entropy") if getattr(log, g))
         self.columns = columns(sim.n_heads, sim.entropy_rate_enabled, clusters_every > 0,
                                sim.ensemble, groups)
         self.summary = Summary(sim.n_heads, 1e-5 if sim.dtype == "float32" else 1e-10, self.log_every)
 
         self.log_path = self.run_dir / "log.csv"
-        self.video_path = self.run_dir / self.rendercfg.get("file", "animation.mp4") if self.render_on else None
+        self.video_path = self.run_dir / render_cfg.file if self.render_on else None
         traj_meta = {"scene": scene.name, "n": sim.n, "d": sim.d, "n_heads": sim.n_heads,
                      "replicas": sim.n_replicas, "ensemble": sim.ensemble,
                      "beta": sim.betas.tolist(), "rule": sim.rule.name, "geometry": sim.geometry,
                      "dt": sim.dt, "integrator": sim.integrator.name, "dtype": sim.dtype,
-                     "arch": sim.arch, "seed": data["tokens"].get("seed"), "every": traj_every}
+                     "arch": sim.arch, "seed": scene.tokens.seed, "every": traj_every}
         first_chunk = 0
         if resume:
             tokens, state = read_checkpoint(self.run_dir)
@@ -100,12 +99,12 @@ class Runner:
             truncate_log(self.log_path, state["log_rows"])
         else:
             scene.save(self.run_dir / "scene.toml")
-        self.cluster_threshold = float(self.logcfg.get("cluster_threshold", 0.99))
+        self.cluster_threshold = float(log.cluster_threshold)
         self.log = LogCsv(self.log_path, self.columns, self.log_every, clusters_every,
                           self.cluster_threshold, append=resume)
         self.traj = (Trajectory(self.run_dir / "trajectory", traj_meta, traj_every, sim.ensemble,
                                 first_chunk=first_chunk) if traj_every > 0 else None)
-        color_by = self.rendercfg.get("color_by", "index")
+        color_by = render_cfg.color_by
         self.video = Video(self._open_animation(resume), self.frame_every, self.log_every, sim.ensemble,
                            color_by in ("radial", "entropy"),
                            self.cluster_threshold if color_by == "cluster" else None) \
@@ -123,12 +122,12 @@ class Runner:
         from render import Animation
         from .rerender import render_config, run_info
         sim = self.sim
-        projection = self.rendercfg.get("projection", "pca_initial")
+        projection = self.scene.render.projection
         if projection == "pca_final":  # the final tokens do not exist yet during a live run
             self.echo("render: projection 'pca_final' needs the finished run; the live video uses "
                       "'pca_initial' (re-render with `particles render RUN_DIR` afterwards)")
             projection = "pca_initial"
-        cfg = render_config(self.rendercfg, projection=projection)
+        cfg = render_config(self.scene.render, projection=projection)
         info = run_info(self.scene, sim.heads, sim.betas[0])
         path = self.video_path
         if resume:  # a video cannot be appended to: the continuation goes to its own file
@@ -143,8 +142,8 @@ class Runner:
     def _write_run_json(self, status: str, extra: dict | None = None) -> None:
         sim = self.sim
         info = {"scene": self.scene.name, "status": status, "steps_total": self.steps_total,
-                "steps_done": sim.step_count, "arch_requested": self.dyn["arch"], "arch": sim.arch,
-                "dtype": sim.dtype, "seed": self.scene.data["tokens"].get("seed"),
+                "steps_done": sim.step_count, "arch_requested": self.scene.dynamics.arch, "arch": sim.arch,
+                "dtype": sim.dtype, "seed": self.scene.tokens.seed,
                 "versions": _versions(), "files": {"log": "log.csv", "scene": "scene.toml",
                                                    "trajectory": "trajectory" if self.traj else None,
                                                    "video": self.video_path.name if self.video_path else None},
@@ -234,7 +233,7 @@ def resume_run(run_dir: str | Path, *, steps: int | None = None, render: bool = 
     run_dir = Path(run_dir)
     scene = load_scene(run_dir / "scene.toml")
     if steps is not None:
-        scene.data["dynamics"]["steps"] = int(steps)
+        scene = scene.replace(dynamics={"steps": int(steps)})
         scene.save(run_dir / "scene.toml")
     runner = Runner(scene, run_dir, render=render, progress=progress,
                     checkpoint_every=checkpoint_every, echo=echo, resume=True)

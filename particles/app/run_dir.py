@@ -9,14 +9,14 @@ from particles.output import atomic_write_text
 
 def new_run_dir(scene, out: str | Path | None) -> Path:
     """``out``, else the scene's output.run_dir, else <output.dir>/<name>-<time>; created."""
-    output = scene.data.get("output", {})
+    output = scene.output
     if out is not None:
         run_dir = Path(out)
-    elif output.get("run_dir"):
-        run_dir = Path(output["run_dir"])
+    elif output.run_dir:
+        run_dir = Path(output.run_dir)
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_dir = Path(output.get("dir", "runs")) / f"{scene.name}-{stamp}"
+        run_dir = Path(output.dir) / f"{scene.name}-{stamp}"
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 

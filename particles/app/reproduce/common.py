@@ -109,14 +109,10 @@ def reset(sim: Simulation, tokens, beta) -> Simulation:
     def fresh():
         return make_sim(x, sim.heads, b, **sim._repro_kw)
 
-    beta_dev = getattr(sim, "_beta", None)
-    real = getattr(sim, "_np_real", None)
-    if getattr(sim, "_repro_reuse_ok", True) is False or beta_dev is None or real is None \
-            or not hasattr(beta_dev, "from_numpy"):
+    if getattr(sim, "_repro_reuse_ok", True) is False:
         return fresh()
-    sim.set_tokens(x, step=0)
-    beta_dev.from_numpy(b.astype(real))
-    sim.betas = b
+    sim.set_state(x, step=0)
+    sim.set_beta(b)
     if not getattr(sim, "_repro_checked", False):
         ref = fresh()
         sim.observe()

@@ -1,7 +1,7 @@
 """Running a sweep's work units: ``run_unit`` (one ensemble Simulation), and the executors
 that call it -- in this process, on a local process pool, or as Ray tasks.
 
-A work unit is a plain dict (see ``particles.sweep.Sweep``); its result is a dict of NumPy
+A work unit is a plain dict (see ``particles.app.sweep.Sweep``); its result is a dict of NumPy
 arrays. Both travel by pickle, so the same unit gives the same result wherever it runs.
 Taichi is initialised once per process (``particles.backend.init``, called by Simulation);
 a pool or Ray worker sets ``TI_CPU_MAX_NUM_THREADS`` before its first unit so that workers

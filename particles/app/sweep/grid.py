@@ -58,14 +58,14 @@ def _expand_values(spec, where: str, problems: list) -> list | None:
         problems.append(f"{where}: unknown key '{unknown[0]}' in the range table; allowed: "
                         "{from, to, num[, log]}, {from, to, step} or {count[, start]}")
         return None
-    ints_given = all(_schema._is_int(spec[k]) for k in ("from", "to", "step", "start") if k in spec)
+    ints_given = all(_schema.is_int(spec[k]) for k in ("from", "to", "step", "start") if k in spec)
     if "count" in spec:
         if set(spec) - {"count", "start"}:
             problems.append(f"{where}: {{count}} takes only 'start' besides it (values start.."
                             "start+count-1)")
             return None
         count, start = spec["count"], spec.get("start", 0)
-        if not _schema._is_int(count) or count < 1 or not _schema._is_int(start):
+        if not _schema.is_int(count) or count < 1 or not _schema.is_int(start):
             problems.append(f"{where}: count must be an integer >= 1 and start an integer, got "
                             f"count = {_show(count)}, start = {_show(start)}")
             return None
@@ -75,7 +75,7 @@ def _expand_values(spec, where: str, problems: list) -> list | None:
                         f"got {{{', '.join(spec)}}}")
         return None
     lo, hi = spec["from"], spec["to"]
-    if not (_schema._is_number(lo) and _schema._is_number(hi) and math.isfinite(lo) and math.isfinite(hi)):
+    if not (_schema.is_number(lo) and _schema.is_number(hi) and math.isfinite(lo) and math.isfinite(hi)):
         problems.append(f"{where}: from and to must be finite numbers, got {_show(lo)}, {_show(hi)}")
         return None
     log = spec.get("log", False)
@@ -87,7 +87,7 @@ def _expand_values(spec, where: str, problems: list) -> list | None:
         return None
     if "num" in spec:
         num = spec["num"]
-        if not _schema._is_int(num) or num < 1:
+        if not _schema.is_int(num) or num < 1:
             problems.append(f"{where}: num must be an integer >= 1, got {_show(num)}")
             return None
         if num > 1 and lo == hi:
@@ -101,7 +101,7 @@ def _expand_values(spec, where: str, problems: list) -> list | None:
         if log:
             problems.append(f"{where}: log = true goes with num, not step")
             return None
-        if not _schema._is_number(step) or not step > 0 or hi < lo:
+        if not _schema.is_number(step) or not step > 0 or hi < lo:
             problems.append(f"{where}: step must be a number > 0 and to >= from, got step = "
                             f"{_show(step)}, from = {lo:g}, to = {hi:g}")
             return None

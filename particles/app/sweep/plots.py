@@ -1,10 +1,10 @@
-"""Figures of a parameter sweep's results table (``particles.sweep``).
+"""Figures of a parameter sweep's results table (``particles.app.sweep``).
 
     from particles.app.sweep.plots import plot_sweep, plot_phase_diagram, plot_clustering_time
     plot_sweep("sweeps/phase_diagram_1head")      # picks the figures that apply
 
 Every figure is a matplotlib ``Figure`` on the Agg canvas (pyplot is never touched), written
-as ``<stem>.png`` and ``<stem>.svg``. The table is read with ``particles.sweep.load_results``;
+as ``<stem>.png`` and ``<stem>.svg``. The table is read with ``particles.app.sweep.load_results``;
 the sweep's ``sweep.json`` beside it (when present) tells which units have scalar heads,
 which initial configuration, rule and cluster threshold -- what the theory overlays need.
 """

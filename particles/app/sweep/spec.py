@@ -128,7 +128,7 @@ class Sweep:
 
     points: one dict per grid point, in grid order (first axis slowest): ``index``, ``axes``
     (axis key -> value), ``seed``, ``beta``, ``unit``.
-    units: the work units (plain dicts, picklable; ``run_unit`` in particles.sweep_executors
+    units: the work units (plain dicts, picklable; ``run_unit`` in particles.app.sweep.executors
     runs one): id, scene (resolved tokens/heads/dynamics of the unit), tokens (one resolved
     [tokens] table per replica), betas, points, record.
     """
@@ -183,7 +183,7 @@ class Sweep:
             problems.append(f"top-level description: expected a string, got {_show(description)}")
             description = ""
         batch = raw.get("batch", DEFAULT_BATCH)
-        if not _schema._is_int(batch) or batch < 1:
+        if not _schema.is_int(batch) or batch < 1:
             problems.append(f"top-level batch: expected an integer >= 1 (replicas per work "
                             f"unit), got {_show(batch)}")
             batch = DEFAULT_BATCH
@@ -224,7 +224,7 @@ class Sweep:
                 for v in values:
                     try:
                         spec_.convert(v)
-                    except _schema._Bad:
+                    except _schema.BadValue:
                         wrong.append(v)
                 if wrong:
                     problems.append(f"{where}: expected values that are each {spec_.expected}, "
@@ -299,7 +299,7 @@ def _record_spec(raw: dict, problems: list) -> dict:
     if "times" in raw:
         times = _expand_values(raw["times"], "[record] times", problems)
         if times is not None:
-            bad = [t for t in times if not _schema._is_number(t) or not math.isfinite(t) or t < 0]
+            bad = [t for t in times if not _schema.is_number(t) or not math.isfinite(t) or t < 0]
             if bad:
                 problems.append(f"[record] times: expected numbers >= 0 (time units), got {_show(bad[0])}")
             else:
@@ -325,7 +325,7 @@ def _record_spec(raw: dict, problems: list) -> dict:
             rec["clusters"] = rec["clusters"] or raw["clusters"]
     if "threshold" in raw:
         thr = raw["threshold"]
-        if not _schema._is_number(thr) or not -1 < thr < 1:
+        if not _schema.is_number(thr) or not -1 < thr < 1:
             problems.append(f"[record] threshold: expected a number in (-1, 1) (two tokens are in "
                             f"one cluster when their cosine exceeds it), got {_show(thr)}")
         else:
@@ -345,10 +345,10 @@ def _record_spec(raw: dict, problems: list) -> dict:
             if unknown:
                 problems.append(f"[record] clustering_time: unknown key '{unknown[0]}' (allowed: "
                                 "threshold, every)")
-            elif not _schema._is_number(thr) or not 0 < thr <= 2:
+            elif not _schema.is_number(thr) or not 0 < thr <= 2:
                 problems.append(f"[record] clustering_time: threshold: expected a number in (0, 2] "
                                 f"(eps = 1 - mean cosine), got {_show(thr)}")
-            elif not _schema._is_int(every) or every < 1:
+            elif not _schema.is_int(every) or every < 1:
                 problems.append(f"[record] clustering_time: every: expected an integer >= 1 "
                                 f"(steps between eps checks), got {_show(every)}")
             else:
