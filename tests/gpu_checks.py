@@ -127,6 +127,24 @@ def ensemble() -> None:
     print(f"ensemble: ok on {sim.arch}")
 
 
+def blow_up() -> None:
+    """A NaN on the device is found, and reported with its step and token (finite_check)."""
+    x = random_tokens(6, 3, 1)
+    sim = particles.Simulation(x, [(np.eye(3), np.eye(3))], beta=1.0, rule="exp", geometry="flat",
+                               dt=50.0, integrator="euler", dtype="float32", arch=ARCH)
+    try:
+        for _ in range(50):
+            sim.advance(1)
+            sim.check_finite()
+    except particles.BlowUpError as err:
+        assert err.step == sim.step_count and "token" in str(err), err
+        bad = ~np.isfinite(sim.native_tokens()[0]).all(axis=-1)
+        assert bad[err.token] and not bad[:err.token].any(), (err.token, bad)
+        print(f"blow_up: ok on {sim.arch}")
+        return
+    raise AssertionError("no blow-up found in 50 steps of dt = 50")
+
+
 def trajectory(out: str, arch: str, steps: str = "200") -> None:
     """Run `steps` Euler steps with observables every 10 and save the tokens and the log."""
     x = random_tokens(96, 4, seed=11)

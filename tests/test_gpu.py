@@ -66,6 +66,19 @@ def test_ensemble_matches_reference_on_gpu(gpu_arch):
     assert f"ok on {gpu_arch}" in check("ensemble")
 
 
+def test_blow_up_is_found_on_gpu(gpu_arch):
+    assert f"ok on {gpu_arch}" in check("blow_up")
+
+
+def test_auto_takes_the_gpu_that_works(gpu_arch, tmp_path):
+    proc = _run("-m", "particles", "run", "quickstart", "--arch", "auto", "--steps", 2, "--no-render",
+                "--out", tmp_path / "auto")
+    assert proc.returncode == 0, proc.stderr
+    assert f"on arch {gpu_arch}" in proc.stdout
+    meta = json.loads((tmp_path / "auto" / "run.json").read_text())
+    assert meta["arch"] == gpu_arch and meta["arch_requested"] == "auto"
+
+
 def test_200_steps_on_gpu_agree_with_cpu(gpu_arch, tmp_path):
     for arch in ("cpu", "gpu"):
         check("trajectory", tmp_path / f"{arch}.npz", arch)
