@@ -1,6 +1,10 @@
 """Kernels shaped for a GPU (CUDA, Vulkan, Metal): chosen by ``kernels.KernelSet`` when the
 active arch is not the CPU.
 
+``TiledHeads``: the pair pass, the only O(n^2) work, with key tiles staged in shared memory
+and several query rows per thread (see the section below); project and head_out are the
+plain parallel kernels of ``KernelSet``.
+
 ``Reduce``: the column reductions over tokens of the observables as per-chunk partials
 (one thread per (replica, column, chunk of CHUNK tokens)) and a finish over the chunks
 (one thread per (replica, column)): parallel, no loop over n on a single thread, and a
