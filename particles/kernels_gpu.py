@@ -218,16 +218,20 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int):
                         u_tile[idx] = value
                 ti.simt.block.sync()
                 for jj in range(ti.min(BK, n - j0)):
-                    kj = ti.Vector.zero(real, r)
+                    kj = ti.Vector.zero(real, r)  # k_j, u_j in registers when they serve several rows
                     uj = ti.Vector.zero(real, rv)
-                    for a in ti.static(range(r)):
-                        kj[a] = k_tile[jj * r + a]
-                    for a in ti.static(range(rv)):
-                        uj[a] = u_tile[jj * rv + a]
+                    if ti.static(RT > 1):
+                        for a in ti.static(range(r)):
+                            kj[a] = k_tile[jj * r + a]
+                        for a in ti.static(range(rv)):
+                            uj[a] = u_tile[jj * rv + a]
                     for s in ti.static(range(RT)):
                         z = c(0)
                         for a in ti.static(range(r)):
-                            z += qi[s, a] * kj[a]
+                            if ti.static(RT > 1):
+                                z += qi[s, a] * kj[a]
+                            else:
+                                z += qi[s, a] * k_tile[jj * r + a]
                         w = c(0)
                         if ti.static(exponential):
                             if z > m[s]:
@@ -250,7 +254,10 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int):
                                     pot[s] += c(potential_fn(z))
                         wsum[s] += w
                         for a in ti.static(range(rv)):
-                            acc[s, a] += w * uj[a]
+                            if ti.static(RT > 1):
+                                acc[s, a] += w * uj[a]
+                            else:
+                                acc[s, a] += w * u_tile[jj * rv + a]
                 ti.simt.block.sync()  # the tile is read by all before the next one lands
             for s in ti.static(range(RT)):
                 i = first + s * T
