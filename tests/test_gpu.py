@@ -68,6 +68,10 @@ def test_ensemble_matches_reference_on_gpu(gpu_arch):
     assert f"ok on {gpu_arch}" in check("ensemble")
 
 
+def test_runs_on_gpu_are_bitwise_reproducible(gpu_arch):
+    assert f"ok on {gpu_arch}" in check("reproducible")
+
+
 def test_blow_up_is_found_on_gpu(gpu_arch):
     assert f"ok on {gpu_arch}" in check("blow_up")
 
