@@ -134,7 +134,7 @@ def pair_work(n, H, r, rv):
 def numpy_step_with_observables(x, Q, K, O, W, beta, dt):
     """numpy_step plus the per-step observables of the state *before* the step.
 
-    Returns (x_new, obs) with obs keyed as the log columns (docs/CONTRACTS.md):
+    Returns (x_new, obs) with obs keyed as the log columns (docs/LOG.md):
     energy, kinetic, gamma_bar, eps and per head energy_h, tangent_power_h,
     cross_coupling_h, radial_shadow_h, energy_rate_h, radial_mean_h, radial_absmax_h,
     radial_dominance_h, entropy_mean_h, entropy_min_h, entropy_max_h.

@@ -36,7 +36,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from particles.sweep import SWEEP_LIBRARY, Sweep, load_results, run_sweep  # noqa: E402
+from particles.app.sweep import SWEEP_LIBRARY, Sweep, load_results, run_sweep  # noqa: E402
 
 
 def reduced_sweep(steps: int, betas: int, seeds: int, batch: int, limit: int | None = None) -> Sweep:

@@ -1,16 +1,48 @@
-"""Tokens of a transformer as particles: multi-head self-attention dynamics in Taichi."""
+"""Tokens of a transformer as particles: multi-head self-attention dynamics in Taichi.
+
+    import particles
+    sim = particles.Simulation(tokens, heads, beta=2.0, rule="softmax")
+
+Names are imported on first use, so that ``import particles.heads`` (as ``scenes`` does)
+never starts Taichi.
+"""
+import importlib as _importlib
 import os as _os
 
 __version__ = "0.1.0"
 # Taichi's import banner is noise on a researcher's terminal; run.json records its version.
 _os.environ.setdefault("ENABLE_TAICHI_HEADER_PRINT", "False")
 
-from .heads import Head  # noqa: E402
-from .rules import Rule, register_rule, get_rule, registered_rules, load_rule_file, BUILTIN_RULES  # noqa: E402
-from .simulation import Simulation, BlowUpError  # noqa: E402
-from .backend import ArchError  # noqa: E402
-from .output import load_log, load_trajectory  # noqa: E402
+# public name -> the module that defines it
+_EXPORTS = {
+    "Head": "heads",
+    "Rule": "rules", "register_rule": "rules", "get_rule": "rules", "registered_rules": "rules",
+    "load_rule_file": "rules", "BUILTIN_RULES": "rules",
+    "Simulation": "simulation", "BlowUpError": "simulation",
+    "ArchError": "backend",
+    "load_log": "output", "load_trajectory": "output",
+    "Result": "result", "Trajectory": "result",
+    "theory": None, "clusters": None,
+}
+# the application layer's entry points, for notebooks (imported on first use)
+_APP_EXPORTS = {"run_scene": "particles.app.run", "resume_run": "particles.app.run",
+                "build_simulation": "particles.app.build"}
 
-__all__ = ["Head", "Rule", "register_rule", "get_rule", "registered_rules", "load_rule_file",
-           "BUILTIN_RULES", "Simulation", "BlowUpError", "ArchError", "load_log", "load_trajectory",
-           "__version__"]
+__all__ = list(_EXPORTS) + list(_APP_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name):
+    if name in _APP_EXPORTS:
+        value = getattr(_importlib.import_module(_APP_EXPORTS[name]), name)
+    elif name in _EXPORTS:
+        module = _EXPORTS[name]
+        value = (_importlib.import_module(f".{name}", __name__) if module is None
+                 else getattr(_importlib.import_module(f".{module}", __name__), name))
+    else:
+        raise AttributeError(f"module 'particles' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

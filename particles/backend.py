@@ -3,15 +3,29 @@
 A second ``ti.init`` would destroy every field and kernel already built, so the
 first request fixes the arch and later requests must agree with it. A GPU that
 was asked for and is not there is an error, never a silent fallback to CPU.
+
+``gpu`` probes CUDA, then Vulkan, then Metal (macOS only) and takes the first whose
+device initialises and runs a test kernel; ``auto`` does the same but passes over a
+software Vulkan device (Mesa's llvmpipe, SwiftShader: slower than the CPU path), and
+takes the CPU when no GPU works. Vulkan and Metal compile through SPIR-V, whose code generator in
+Taichi has no 64-bit exp/log (and Metal no float64 at all): there, float literals
+default to float32, device reductions accumulate in float32, and dtype float64 is
+refused (``check_dtype``).
 """
-from __future__ import annotations
 
 import contextlib
 import io
+import os
+import re
+import sys
+import tempfile
 
+import numpy as np
 import taichi as ti
 
 ARCH_CHOICES = ("cpu", "gpu", "auto")
+SPIRV_ARCHES = ("vulkan", "metal", "opengl")
+SOFTWARE_DEVICES = ("llvmpipe", "lavapipe", "SwiftShader")  # Vulkan on the CPU
 
 _active: dict[str, str] = {}
 
@@ -25,6 +39,87 @@ def _arch_name(arch) -> str:
             ti.vulkan: "vulkan", ti.metal: "metal", ti.opengl: "opengl"}.get(arch, str(arch))
 
 
+def _gpu_candidates():
+    """(Taichi arch, name) in probing order; Metal exists only on macOS."""
+    candidates = [(ti.cuda, "cuda"), (ti.vulkan, "vulkan")]
+    if sys.platform == "darwin":
+        candidates.append((ti.metal, "metal"))
+    return candidates
+
+
+def _options(name: str) -> dict:
+    # default_fp=f64 keeps Python float literals exact in float64 kernels (float32 kernels
+    # cast their constants explicitly, see kernels.py); on SPIR-V a float64 literal would
+    # drag float32 code (user rules included) into 64-bit operations it cannot compile.
+    fp = ti.f32 if name in SPIRV_ARCHES else ti.f64
+    return dict(default_fp=fp, offline_cache=True, log_level=ti.WARN, unrolling_limit=0)
+
+
+@ti.kernel
+def _smoke(a: ti.types.ndarray(dtype=ti.f32, ndim=1)):
+    for i in range(a.shape[0]):
+        a[i] = ti.sqrt(ti.cast(i, ti.f32)) + ti.exp(ti.cast(0, ti.f32))
+
+
+def _device_runs() -> bool:
+    """A device can initialise and still fail at its first kernel: run one."""
+    try:
+        a = ti.ndarray(ti.f32, shape=(64,))
+        _smoke(a)
+        got = a.to_numpy()
+    except Exception:  # noqa: BLE001 - any failure means this device is not usable
+        return False
+    return bool(np.allclose(got, np.sqrt(np.arange(64)) + 1, rtol=1e-6))
+
+
+@contextlib.contextmanager
+def _stderr_fd_captured(into: list):
+    """Taichi's C++ log goes to file descriptor 2: catch it there (appended to `into`)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            into.append(tmp.read().decode(errors="replace"))
+
+
+def _init_quietly(gpu, name: str) -> str:
+    """ti.init on one GPU arch with its log captured; returns the Vulkan device's name, if any
+    (Taichi reports it only in its trace log)."""
+    log: list[str] = []
+    level = ti.TRACE if name == "vulkan" else ti.ERROR  # ERROR: no "falling back" warning
+    with _stderr_fd_captured(log):
+        ti.init(arch=gpu, **{**_options(name), "log_level": level})
+        ti.set_logging_level(ti.WARN)
+    found = re.search(r'Vulkan Device "([^"]+)"', log[0])
+    return found.group(1) if found else ""
+
+
+def _probe_gpu(skip_software: bool) -> tuple[str | None, str, list[str]]:
+    """Initialise the first GPU that runs a kernel: (its arch or None, its device name, why
+    the others were not taken)."""
+    tried = []
+    for gpu, name in _gpu_candidates():
+        # ti.gpu (and enable_fallback=False) segfault inside Taichi 1.7 where no GPU driver
+        # exists; ti.cuda / ti.vulkan fall back to CPU cleanly, and we check what was chosen.
+        device = _init_quietly(gpu, name)
+        running = _arch_name(ti.lang.impl.current_cfg().arch)
+        if running == "cpu":
+            tried.append(f"{name}: no usable device or driver")
+        elif skip_software and any(soft.lower() in device.lower() for soft in SOFTWARE_DEVICES):
+            tried.append(f"{name}: only the software device {device!r}")
+        elif _device_runs():
+            return running, device, tried
+        else:
+            tried.append(f"{name}: the device initialised but could not run a test kernel")
+    return None, "", tried
+
+
 def init(arch: str = "cpu") -> str:
     """Initialise Taichi once; returns the arch that actually runs ('cpu', 'cuda', 'vulkan', ...)."""
     if arch not in ARCH_CHOICES:
@@ -36,27 +131,57 @@ def init(arch: str = "cpu") -> str:
                 f"Taichi already runs on {running!r} in this process (requested first as "
                 f"{_active['requested']!r}); a run asking for {arch!r} needs a new process")
         return running
-    # default_fp=f64 keeps Python float literals exact in float64 kernels; float32
-    # kernels cast their constants explicitly (see kernels.py).
-    options = dict(default_fp=ti.f64, offline_cache=True, log_level=ti.WARN, unrolling_limit=0)
     with contextlib.redirect_stdout(io.StringIO()):  # "[Taichi] Starting on arch=...": we report it
+        device = ""
         if arch == "cpu":
-            ti.init(arch=ti.cpu, **options)
+            ti.init(arch=ti.cpu, **_options("cpu"))
+            running = "cpu"
         else:
-            # ti.gpu (and enable_fallback=False) segfault inside Taichi 1.7 where no GPU driver
-            # exists; CUDA then Vulkan fall back to CPU cleanly, and we check what was chosen.
-            for gpu in (ti.cuda, ti.vulkan):
-                ti.init(arch=gpu, **options)
-                if _arch_name(ti.lang.impl.current_cfg().arch) != "cpu":
-                    break
-    running = _arch_name(ti.lang.impl.current_cfg().arch)
-    if arch == "gpu" and running == "cpu":
-        raise ArchError("arch 'gpu' was requested but no CUDA/Vulkan/Metal device is usable "
-                        "here; use arch 'cpu' (or 'auto' to take a GPU only when one exists)")
-    _active.update(arch=running, requested=arch)
+            running, device, tried = _probe_gpu(skip_software=arch == "auto")
+            if running is None:
+                if arch == "gpu":
+                    probed = "CUDA/Vulkan/Metal" if sys.platform == "darwin" else "CUDA/Vulkan"
+                    raise ArchError(
+                        f"arch 'gpu' was requested but no {probed} device is usable here "
+                        f"({'; '.join(tried)}); use arch 'cpu' (or 'auto' to take a GPU only "
+                        "when one works)")
+                ti.init(arch=ti.cpu, **_options("cpu"))
+                running = "cpu"
+    _active.update(arch=running, requested=arch, device=device)
     return running
 
 
 def active_arch() -> str | None:
     """The arch Taichi runs on in this process, or None before the first init."""
     return _active.get("arch")
+
+
+def device_name() -> str:
+    """The GPU's name where Taichi reports it (Vulkan), else ''."""
+    return _active.get("device", "")
+
+
+def is_gpu(arch: str | None = None) -> bool:
+    """Whether kernels run on a GPU arch (the active one by default)."""
+    arch = arch or active_arch()
+    return arch is not None and arch != "cpu"
+
+
+def supports_float64(arch: str | None = None) -> bool:
+    """float64 kernels need 64-bit exp and log: CPU and CUDA have them, SPIR-V does not."""
+    return (arch or active_arch()) not in SPIRV_ARCHES
+
+
+def reduction_dtype(arch: str | None = None):
+    """The accumulator type of the device reductions: float64 where the device has it."""
+    return ti.f64 if supports_float64(arch) else ti.f32
+
+
+def check_dtype(dtype: str, arch: str | None = None) -> None:
+    """Refuse float64 where it cannot run, naming the arch and what to use instead."""
+    arch = arch or active_arch()
+    if dtype == "float64" and not supports_float64(arch):
+        raise ArchError(
+            f"dtype float64 is not available on arch {arch!r}: Taichi compiles {arch} kernels "
+            "through SPIR-V, which has no 64-bit exp/log (and Metal has no float64 at all). "
+            "Use dtype float32 (--dtype float32), or arch cpu (or a CUDA GPU) for float64")

@@ -20,6 +20,7 @@ import functools
 
 import taichi as ti
 
+from . import backend, kernels_gpu
 from .rules import Rule
 
 # Per-token observable slots (last axis of the `tok` buffer), per head h:
@@ -52,6 +53,7 @@ class KernelSet:
     def __init__(self, rule: Rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: int):
         real = ti.f32 if dtype == "float32" else ti.f64
         sphere = geometry == "sphere"
+        serial = not backend.is_gpu()  # on a GPU a serialized loop runs on a single thread
         exponential = rule.exponential
         softmax_norm = rule.normalization == "softmax"
         has_potential = rule.has_potential
@@ -168,7 +170,7 @@ class KernelSet:
             Per head h: a^h = <f^h, x> (radial shadow), T = ||P f^h||^2, C = sum_{h'!=h} <f^h, f^h'>,
             R = a^h sum_{h'!=h} a^h' (zero in flat space), and |a^h| sum_{h'!=h} |a^h'|.
             """
-            ti.loop_config(serialize=True)  # O(n H d): cheaper than a parallel dispatch (~80 us)
+            ti.loop_config(serialize=serial)  # O(n H d): cheaper than a parallel dispatch (~80 us)
             for b, i in ti.ndrange(x.shape[0], x.shape[1]):
                 radial = ti.Vector.zero(real, H)
                 gram = ti.Matrix.zero(real, H, H)
@@ -290,7 +292,7 @@ class KernelSet:
         @ti.kernel
         def axpy(out: arr3, x: arr3, a: real, y: arr3):
             """out = x + a * y."""
-            ti.loop_config(serialize=True)  # O(n d): cheaper than a parallel dispatch (~80 us)
+            ti.loop_config(serialize=serial)  # O(n d): cheaper than a parallel dispatch (~80 us)
             for b, i in ti.ndrange(out.shape[0], out.shape[1]):
                 for e in ti.static(range(d)):
                     out[b, i, e] = x[b, i, e] + a * y[b, i, e]
@@ -298,7 +300,7 @@ class KernelSet:
         @ti.kernel
         def accumulate(acc: arr3, a: real, y: arr3, first: ti.i32):
             """acc = a * y (first) or acc += a * y."""
-            ti.loop_config(serialize=True)
+            ti.loop_config(serialize=serial)
             for b, i in ti.ndrange(acc.shape[0], acc.shape[1]):
                 for e in ti.static(range(d)):
                     if first:
@@ -310,7 +312,7 @@ class KernelSet:
         def retract(x: arr3):
             """Back onto the sphere by renormalising each token (no-op in flat space)."""
             if ti.static(sphere):
-                ti.loop_config(serialize=True)
+                ti.loop_config(serialize=serial)
                 for b, i in ti.ndrange(x.shape[0], x.shape[1]):
                     s = c(0)
                     for e in ti.static(range(d)):
@@ -332,10 +334,13 @@ class KernelSet:
 
         self.project, self.pair, self.head_out, self.combine = project, pair, head_out, combine
         self.entropy_rate, self.reduce = entropy_rate, reduce
+        if not serial:  # per-block partial reductions (float32 on SPIR-V), see kernels_gpu
+            self.reduce = kernels_gpu.Reduce(n_slots, d, SLOTS_PER_HEAD, SLOT_ROW_ENERGY)
         self.axpy, self.accumulate, self.retract, self.finite_check = axpy, accumulate, retract, finite_check
         self.has_potential = has_potential
         self.exponential = exponential
         self._spec = (real, d, H, r, rv, softmax_norm)
+        self._gpu_spec = (rule, dtype, d, H, r, rv)
 
     def head_pass(self, n_replicas: int, n: int, keep_qk: bool = False):
         """The head outputs f (and row statistics) for R replicas of n tokens, as one call
@@ -347,6 +352,8 @@ class KernelSet:
             if n >= WIDE_MIN_N and not keep_qk:
                 return WideHeads(self._spec, n_replicas, n)
             return FastHeads(self._spec, n_replicas, n, keep_qk)
+        if backend.is_gpu():  # keys tiled through shared memory
+            return kernels_gpu.TiledHeads(self, *self._gpu_spec)
         return PlainHeads(self)
 
 

@@ -93,7 +93,7 @@ class FusedSteps:
     def __call__(self, sim, steps: int, observe_every: int, observe_now: bool, slot: int) -> None:
         """steps > 0: advance; steps == 0: xdot at the current state (observed if observe_now,
         reduced into batch slot ``slot``)."""
-        args = (sim.x, sim._Q, sim._K, sim._W, sim._O, sim._beta, sim.xdot, sim._tok, sim._red,
+        args = (sim._x, sim._Q, sim._K, sim._W, sim._O, sim._beta, sim._xdot, sim._tok, sim._red,
                 sim._sumx, self.xt, self.st, self.kt, self.at, self.qv, self.ks, self.us, self.gv,
                 self.fv, self.rowv, self.zs, self.mask, sim.dt, int(steps), int(observe_every),
                 int(sim.step_count), int(observe_now), int(slot))

@@ -8,26 +8,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 
+from .result import Trajectory
+from .atomic import atomic_write_bytes, atomic_write_text, open_append  # noqa: F401 (one writer)
+
 TRAJECTORY_SCHEMA = 1
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
 
 
 def write_json(path: Path, obj) -> None:
@@ -62,7 +50,9 @@ class LogWriter:
         self.path = Path(path)
         self.columns = list(columns)
         exists = append and self.path.exists()
-        self._fh = open(self.path, "a" if exists else "w", newline="")
+        if not exists:
+            atomic_write_text(self.path, "")
+        self._fh = open_append(self.path, newline="")
         if not exists:
             self._fh.write(",".join(self.columns) + "\n")
             self._fh.flush()
@@ -120,7 +110,8 @@ class TrajectoryWriter:
 
 
 def load_trajectory(path: str | Path):
-    """(steps, times, tokens, meta) from a run directory or its trajectory folder.
+    """The trajectory of a run directory (or its trajectory folder) as a named result:
+    ``.steps``, ``.times``, ``.tokens``, ``.meta`` (it also unpacks as that 4-tuple).
 
     tokens has shape (frames, n, d), or (frames, R, n, d) for an ensemble.
     """
@@ -137,14 +128,23 @@ def load_trajectory(path: str | Path):
     for chunk in chunks:
         with np.load(chunk) as data:
             steps.append(data["steps"]); times.append(data["times"]); tokens.append(data["tokens"])
-    return np.concatenate(steps), np.concatenate(times), np.concatenate(tokens), meta
+    return Trajectory(np.concatenate(steps), np.concatenate(times), np.concatenate(tokens), meta)
 
 
 def load_log(path: str | Path) -> dict[str, np.ndarray]:
-    """The CSV log as a dict column -> float array (NumPy only; pandas.read_csv works too)."""
+    """The CSV log as a dict column -> float array: the one log reader (NumPy only;
+    pandas.read_csv works too). ``path``: log.csv or the run directory holding it."""
+    import warnings
     path = Path(path)
     if path.is_dir():
         path = path / "log.csv"
-    data = np.genfromtxt(path, delimiter=",", names=True, dtype=np.float64)
+    if not path.is_file():
+        raise FileNotFoundError(f"log file not found: {str(path)!r}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")               # a header-only file warns "empty input"
+        data = np.genfromtxt(path, delimiter=",", names=True, dtype=np.float64, deletechars="",
+                             autostrip=True)
+    if data.dtype.names is None:
+        raise ValueError(f"{str(path)!r} has no header row of column names")
     data = np.atleast_1d(data)
-    return {name: np.asarray(data[name]) for name in data.dtype.names}
+    return {name: np.asarray(data[name], dtype=np.float64).ravel() for name in data.dtype.names}

@@ -79,7 +79,10 @@ def register_rule(name: str, kernel: Callable, normalization: str = "softmax",
     if name in BUILTIN_RULES:
         raise ValueError(f"rule {name!r} is built in and cannot be replaced")
     if name in _REGISTRY and not overwrite:
-        raise ValueError(f"rule {name!r} is already registered (pass overwrite=True to replace it)")
+        if _same_definition(_REGISTRY[name], kernel, normalization, potential):
+            return _REGISTRY[name]   # a notebook cell run again: keep the rule (and its kernels)
+        raise ValueError(f"rule {name!r} is already registered with another definition "
+                         "(pass overwrite=True to replace it)")
     for role, fn in (("kernel", kernel), ("potential", potential)):
         if fn is None and role == "potential":
             continue
@@ -95,6 +98,19 @@ def register_rule(name: str, kernel: Callable, normalization: str = "softmax",
     rule = Rule(name, kernel, normalization, potential, source=source)
     _REGISTRY[name] = rule
     return rule
+
+
+def _code_key(fn):
+    code = getattr(fn, "__code__", None)
+    return None if code is None else (code.co_code, code.co_consts, code.co_names)
+
+
+def _same_definition(rule: Rule, kernel, normalization, potential) -> bool:
+    """The same rule written again (same normalization, kernel and potential code)."""
+    return (rule.normalization == normalization and rule.kernel is not None
+            and _code_key(rule.kernel) == _code_key(kernel)
+            and (rule.potential is None) == (potential is None)
+            and (potential is None or _code_key(rule.potential) == _code_key(potential)))
 
 
 def get_rule(name: str) -> Rule:

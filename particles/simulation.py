@@ -6,10 +6,11 @@ from typing import Sequence
 import numpy as np
 import taichi as ti
 
-from . import backend, kernels, kernels_fused
+from . import backend, kernels, kernels_fused, kernels_wide
 from .heads import Head
 from .integrators import INTEGRATORS
 from .observables import assemble_rows
+from .rule_check import check_rule_compiles
 from .rules import Rule, get_rule
 
 GEOMETRIES = ("sphere", "flat")
@@ -54,6 +55,22 @@ def _pack(heads: list[Head], d: int):
         W[i, :h.value_rank] = h.value_in
         O[i, :, :h.value_rank] = h.value_out
     return Q, K, W, O
+
+
+class _Operations:
+    """What an integrator may touch: the state arrays and four operations (see integrators.py).
+
+    Private to the engine, so that the public Simulation is not the integrator protocol.
+    """
+
+    __slots__ = ("x", "xdot", "stage_x", "stage_acc", "evaluate", "after_first_stage", "axpy",
+                 "accumulate", "retract")
+
+    def __init__(self, sim: "Simulation"):
+        kern = sim._kern
+        self.x, self.xdot, self.stage_x, self.stage_acc = sim._x, sim._xdot, sim._stage_x, sim._stage_acc
+        self.evaluate, self.after_first_stage = sim._evaluate, sim._after_first_stage
+        self.axpy, self.accumulate, self.retract = kern.axpy, kern.accumulate, kern.retract
 
 
 class Simulation:
@@ -116,6 +133,8 @@ class Simulation:
         self.entropy_rate_enabled = bool(entropy_rate) and self.rule.exponential
         self.step_count = 0
         self.arch = backend.init(arch)
+        backend.check_dtype(dtype)
+        check_rule_compiles(self.rule, dtype)
 
         real = ti.f32 if dtype == "float32" else ti.f64
         self._np_real = np.float32 if dtype == "float32" else np.float64
@@ -131,14 +150,14 @@ class Simulation:
             dev.from_numpy(host.astype(self._np_real))
         self._beta = arr(R)
         self._beta.from_numpy(betas.astype(self._np_real))
-        self.x = arr(R, n, d)
-        self.x.from_numpy(x.astype(self._np_real))
-        self.xdot, self.stage_x, self.stage_acc = arr(R, n, d), arr(R, n, d), arr(R, n, d)
+        self._x = arr(R, n, d)
+        self._x.from_numpy(x.astype(self._np_real))
+        self._xdot, self._stage_x, self._stage_acc = arr(R, n, d), arr(R, n, d), arr(R, n, d)
         self._kern = kernels.build(self.rule, geometry, dtype, d, H, r, rv)
         self._heads = self._kern.head_pass(R, n, keep_qk=self.entropy_rate_enabled)
         # The tiled fast path packs its own operands: it reads none of q, k, u, g, and writes
         # q, k only for the entropy rate. Unused ones get a one-element stand-in of the same rank.
-        fast = not isinstance(self._heads, kernels.PlainHeads)  # FastHeads or WideHeads
+        fast = isinstance(self._heads, (kernels.FastHeads, kernels_wide.WideHeads))
         tokens_qk = n if (not fast or self.entropy_rate_enabled) else 1
         tokens_ug = 1 if fast else n
         self._q, self._k = arr(R, H, tokens_qk, r), arr(R, H, tokens_qk, r)
@@ -149,43 +168,36 @@ class Simulation:
         if self.entropy_rate_enabled:
             self._qd, self._kd, self._ud = arr(R, H, n, r), arr(R, H, n, r), arr(R, H, n, rv)
         self._batch = int(batch)
-        self._red = arr(self._batch, R, kernels.n_tok_slots(H), 4, dt=ti.f64)
-        self._sumx = arr(self._batch, R, d, 1, dt=ti.f64)
+        red_dt = backend.reduction_dtype()  # float32 where the device has no float64
+        self._red = arr(self._batch, R, kernels.n_tok_slots(H), 4, dt=red_dt)
+        self._sumx = arr(self._batch, R, d, 1, dt=red_dt)
         self._pending: list[tuple[int, int]] = []   # (step, slot) of rows not yet copied
         self._rows: list[dict] = []
+        self._ops = _Operations(self)
         self.path = kernels_fused.choose_path(path, n, r, rv, self.arch, self.entropy_rate_enabled)
         self._fused = kernels_fused.FusedSteps(self.rule, geometry, dtype, d, H, r, rv, integrator,
                                                R, n) if self.path == "fused" else None
         self._warm_up()
 
-    # -- the operations integrators use -------------------------------------------------
-    def evaluate(self, x, xdot, observe: bool) -> None:
+    # -- what the integrators' operations object calls --------------------------------------
+    def _evaluate(self, x, xdot, observe: bool) -> None:
         kern = self._kern
         self._heads(x, self._Q, self._K, self._W, self._O, self._q, self._k, self._u, self._beta,
                     self._g, self._f, self._row, observe)
         kern.combine(x, self._f, xdot, self._row, self._tok, observe)
 
-    def after_first_stage(self, observe: bool) -> None:
+    def _after_first_stage(self, observe: bool) -> None:
         if not observe:
             return
         kern = self._kern
         if self.entropy_rate_enabled:
-            kern.project(self.xdot, self._Q, self._K, self._W, self._qd, self._kd, self._ud)
+            kern.project(self._xdot, self._Q, self._K, self._W, self._qd, self._kd, self._ud)
             kern.entropy_rate(self._q, self._k, self._qd, self._kd, self._beta, self._row, self._tok)
         slot = len(self._pending)
-        kern.reduce(self._tok, self.x, self._red, self._sumx, slot)
+        kern.reduce(self._tok, self._x, self._red, self._sumx, slot)
         self._pending.append((self.step_count, slot))
         if len(self._pending) == self._batch:
             self._flush()
-
-    def axpy(self, out, x, a, y):
-        self._kern.axpy(out, x, a, y)
-
-    def accumulate(self, acc, a, y, first):
-        self._kern.accumulate(acc, a, y, first)
-
-    def retract(self, x):
-        self._kern.retract(x)
 
     # -- public API -------------------------------------------------------------------------
     @property
@@ -195,12 +207,12 @@ class Simulation:
     @property
     def tokens(self) -> np.ndarray:
         """Current tokens as float64 NumPy, (n, d) or (R, n, d) for an ensemble."""
-        x = self.x.to_numpy().astype(np.float64)
+        x = self._x.to_numpy().astype(np.float64)
         return x if self.ensemble else x[0]
 
     def native_tokens(self) -> np.ndarray:
         """Current tokens in the simulation's own dtype, always (R, n, d): exact for saving."""
-        return self.x.to_numpy()
+        return self._x.to_numpy()
 
     def set_tokens(self, tokens, step: int | None = None) -> None:
         """Replace the state (e.g. from a checkpoint); exact for arrays of this dtype."""
@@ -208,17 +220,48 @@ class Simulation:
         x = x if x.ndim == 3 else x[None]
         if x.shape != (self.n_replicas, self.n, self.d):
             raise ValueError(f"tokens must have shape {(self.n_replicas, self.n, self.d)}, got {x.shape}")
-        self.x.from_numpy(np.ascontiguousarray(x, dtype=self._np_real))
+        self._x.from_numpy(np.ascontiguousarray(x, dtype=self._np_real))
         if step is not None:
             self.step_count = int(step)
+
+    def set_state(self, tokens, step: int | None = None) -> None:
+        """Replace the state (and optionally the step count); the same as ``set_tokens``."""
+        self.set_tokens(tokens, step=step)
+
+    def set_beta(self, beta) -> None:
+        """New inverse temperature(s): one number, or one per replica. Compiled kernels are kept."""
+        b = np.broadcast_to(np.asarray(beta, dtype=np.float64), (self.n_replicas,)).copy() \
+            if np.ndim(beta) == 0 or np.size(beta) == self.n_replicas else None
+        if b is None or not np.all(np.isfinite(b) & (b > 0)):
+            raise ValueError(f"beta must be a positive finite number or one per replica "
+                             f"({self.n_replicas}), got {beta!r}")
+        self._beta.from_numpy(b.astype(self._np_real))
+        self.betas = b
+
+    def run(self, steps: int, every: int = 1):
+        """Advance ``steps`` steps, observing every ``every``-th state and the final one.
+
+        Returns a ``particles.Result``: NumPy arrays per log column (``result["eps"]``,
+        ``result.columns``; ``.to_pandas()`` when pandas is installed), one entry per observed
+        state (and replica, for an ensemble), and the final tokens. The same drive loop as
+        ``particles run`` (``particles.drive``), so the numbers are the run's, bitwise.
+        """
+        from .drive import AT_END, Every, Rows, drive
+        from .result import Result
+        if int(every) < 1:
+            raise ValueError(f"every must be >= 1, got {every!r}")
+        self.take_rows()
+        rows = Rows(Every(int(every)) | AT_END)
+        drive(self, [rows], self.step_count + int(steps))
+        return Result.from_rows(rows.rows, final_tokens=self.tokens)
 
     def velocity(self) -> np.ndarray:
         """xdot at the current state, float64 NumPy of the tokens' shape."""
         if self._fused is not None:
             self._fused(self, 0, 0, False, 0)
         else:
-            self.evaluate(self.x, self.xdot, False)
-        v = self.xdot.to_numpy().astype(np.float64)
+            self._evaluate(self._x, self._xdot, False)
+        v = self._xdot.to_numpy().astype(np.float64)
         return v if self.ensemble else v[0]
 
     def advance(self, steps: int = 1, observe_every: int = 0) -> None:
@@ -229,7 +272,7 @@ class Simulation:
         integ, dt = self.integrator, self.dt
         for _ in range(int(steps)):
             observe = observe_every > 0 and self.step_count % observe_every == 0
-            integ.step(self, dt, observe)
+            integ.step(self._ops, dt, observe)
             self.step_count += 1
 
     def observe(self) -> None:
@@ -238,8 +281,8 @@ class Simulation:
             self._fused(self, 0, 0, True, len(self._pending))
             self._logged_fused(self.step_count, 1, 1)
             return
-        self.evaluate(self.x, self.xdot, True)
-        self.after_first_stage(True)
+        self._evaluate(self._x, self._xdot, True)
+        self._after_first_stage(True)
 
     def take_rows(self) -> list[dict]:
         """The recorded observable rows so far (oldest first), and forget them."""
@@ -259,10 +302,10 @@ class Simulation:
 
     def first_bad_token(self) -> tuple[int, int] | None:
         """(replica, token) of the first token with a NaN or Inf component, or None."""
-        idx = int(self._kern.finite_check(self.x))
+        idx = int(self._kern.finite_check(self._x))
         if idx < 0:
             return None
-        x = self.x.to_numpy()
+        x = self._x.to_numpy()
         bad = np.argwhere(~np.isfinite(x).all(axis=-1))[0]
         return int(bad[0]), int(bad[1])
 
@@ -272,7 +315,7 @@ class Simulation:
         if bad is None:
             return
         b, i = bad
-        values = self.x.to_numpy()[b, i]
+        values = self._x.to_numpy()[b, i]
         cause = (f"the step dt = {self.dt} is likely too large for beta = {self.betas[b]:g}; "
                  "reduce dt (or beta)")
         if self.rule.name == "exp" and self.dtype == "float32":
@@ -288,8 +331,8 @@ class Simulation:
         if not self._pending:
             return
         count = len(self._pending)
-        red = self._red.to_numpy()[:count]
-        sumx = self._sumx.to_numpy()[:count, :, :, 0]
+        red = self._red.to_numpy()[:count].astype(np.float64)
+        sumx = self._sumx.to_numpy()[:count, :, :, 0].astype(np.float64)
         for (step, slot) in self._pending:
             self._rows.extend(assemble_rows(self, step, red[slot], sumx[slot]))
         self._pending = []
@@ -319,18 +362,18 @@ class Simulation:
         kern = self._kern
         if self._fused is not None:
             self._fused(self, 0, 0, True, 0)
-            kern.finite_check(self.x)
+            kern.finite_check(self._x)
             ti.sync()
             return
         for observe in (False, True):
-            self.evaluate(self.x, self.xdot, observe)
+            self._evaluate(self._x, self._xdot, observe)
         if self.entropy_rate_enabled:
-            kern.project(self.xdot, self._Q, self._K, self._W, self._qd, self._kd, self._ud)
+            kern.project(self._xdot, self._Q, self._K, self._W, self._qd, self._kd, self._ud)
             kern.entropy_rate(self._q, self._k, self._qd, self._kd, self._beta, self._row, self._tok)
-        kern.reduce(self._tok, self.x, self._red, self._sumx, 0)
-        kern.axpy(self.stage_x, self.x, 0.0, self.xdot)
-        kern.accumulate(self.stage_acc, 1.0, self.xdot, 1)
-        kern.accumulate(self.stage_acc, 1.0, self.xdot, 0)
-        kern.retract(self.stage_x)
-        kern.finite_check(self.x)
+        kern.reduce(self._tok, self._x, self._red, self._sumx, 0)
+        kern.axpy(self._stage_x, self._x, 0.0, self._xdot)
+        kern.accumulate(self._stage_acc, 1.0, self._xdot, 1)
+        kern.accumulate(self._stage_acc, 1.0, self._xdot, 0)
+        kern.retract(self._stage_x)
+        kern.finite_check(self._x)
         ti.sync()

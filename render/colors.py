@@ -68,28 +68,6 @@ def head_color(h: int):
     return colormaps["tab10"].colors[h % 10]
 
 
-def leader_clusters(tokens: np.ndarray, threshold: float = 0.99) -> np.ndarray:
-    """Greedy leader clustering: the first unassigned token leads a cluster of all unassigned
-    tokens with cosine similarity > threshold to it. Labels 0, 1, ... in order of the leaders'
-    indices. O(n * clusters * d)."""
-    x = np.asarray(tokens, float)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    x = np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)
-    n = x.shape[0]
-    labels = np.full(n, -1, dtype=np.int64)
-    remaining = np.arange(n)
-    k = 0
-    while remaining.size:
-        leader = remaining[0]
-        sims = x[remaining] @ x[leader]
-        members = sims > threshold
-        members[0] = True
-        labels[remaining[members]] = k
-        remaining = remaining[~members]
-        k += 1
-    return labels
-
-
 def cluster_colors(labels: np.ndarray) -> np.ndarray:
     """(n, 4) RGBA: clusters with >= 2 members get palette colours in order of their smallest
     member index (stable while clusters merge); singletons and negative labels are grey."""
@@ -185,12 +163,12 @@ class TokenColorizer:
         if self.mode == "index":
             return self._index
         if self.mode == "cluster":
-            if token_values is not None and "cluster" in token_values:
-                labels = np.asarray(token_values["cluster"]).ravel()
-                if labels.size != self.info.n:
-                    raise ValueError(f"token_values['cluster'] has {labels.size} labels, expected n={self.info.n}")
-            else:
-                labels = leader_clusters(tokens)
+            if token_values is None or "cluster" not in token_values:
+                raise ValueError("color_by='cluster' needs token_values['cluster']: a cluster label "
+                                 f"per token (n={self.info.n}), as the run's log labels them")
+            labels = np.asarray(token_values["cluster"]).ravel()
+            if labels.size != self.info.n:
+                raise ValueError(f"token_values['cluster'] has {labels.size} labels, expected n={self.info.n}")
             return cluster_colors(labels)
         v = self._values(token_values)
         return self.cmap(self.norm(np.ma.masked_invalid(v)))
@@ -203,5 +181,4 @@ def blend(colors: np.ndarray, target, amount: float) -> np.ndarray:
     return out
 
 
-__all__ = ["TokenColorizer", "index_colors", "qualitative_palette", "leader_clusters",
-           "cluster_colors", "head_color", "lch_to_rgb", "blend"]
+__all__ = ["TokenColorizer", "index_colors", "qualitative_palette", "cluster_colors", "head_color", "lch_to_rgb", "blend"]

@@ -1,8 +1,7 @@
 """Static figures of a run's log: every quantity against time (`plot_summary`), or one
 quantity for all heads (`plot_quantity`).
 
-`log` is a CSV path (header row of column names, read with numpy.genfromtxt) or a mapping
-column -> array. Per-head columns `<base>_h<h>` are grouped into one subplot with a legend.
+`log` is a mapping column -> array (``particles.load_log`` reads a log.csv into one). Per-head columns `<base>_h<h>` are grouped into one subplot with a legend.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .colors import head_color
+from .panels import thin
 
 HEAD_COLUMN = re.compile(r"^(?P<base>.+)_h(?P<h>\d+)$")
 AXIS_COLUMNS = ("step", "time")
@@ -43,24 +43,13 @@ DESCRIPTIONS = {
 }
 
 
-def load_log(log) -> dict[str, np.ndarray]:
-    """Columns of a log as float arrays (a CSV path or a mapping column -> array-like)."""
-    if isinstance(log, Mapping):
-        cols = {str(k): np.asarray(v, dtype=float).ravel() for k, v in log.items()}
-    else:
-        path = Path(log)
-        if not path.is_file():
-            raise FileNotFoundError(f"log file not found: {path}")
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")               # header-only files warn "empty input"
-            arr = np.genfromtxt(path, names=True, delimiter=",", dtype=float, deletechars="",
-                                autostrip=True)
-        if arr.dtype.names is None:
-            raise ValueError(f"{path} has no header row of column names")
-        arr = np.atleast_1d(arr)
-        cols = {name: np.asarray(arr[name], dtype=float).ravel() for name in arr.dtype.names}
+def log_columns(log: Mapping) -> dict[str, np.ndarray]:
+    """Columns of a log (a mapping column -> array-like, e.g. ``particles.load_log(path)``)
+    as float arrays of one length."""
+    if not isinstance(log, Mapping):
+        raise TypeError(f"expected the log's columns as a mapping name -> array (read a log.csv with "
+                        f"particles.load_log), got {type(log).__name__}")
+    cols = {str(k): np.asarray(v, dtype=float).ravel() for k, v in log.items()}
     lengths = {v.size for v in cols.values()}
     if len(lengths) > 1:
         raise ValueError(f"log columns have different lengths: { {k: v.size for k, v in cols.items()} }")
@@ -94,13 +83,6 @@ def _time_axis(cols: dict[str, np.ndarray]):
     return np.arange(n, dtype=float), "row"
 
 
-def _thin(x: np.ndarray) -> np.ndarray:
-    if x.size <= MAX_POINTS:
-        return x
-    k = math.ceil(x.size / MAX_POINTS)
-    return np.concatenate([x[::k], x[-1:]])
-
-
 def _draw_group(ax, t, base: str, members, cols, legend_ok: bool = True) -> None:
     ys = []
     for h, col in members:
@@ -111,7 +93,7 @@ def _draw_group(ax, t, base: str, members, cols, legend_ok: bool = True) -> None
         # columns logged every k rows (clusters, min_cosine) are nan in between: skip those
         # rows, or the line would have no two neighbouring points to join
         defined = ~np.isnan(y)
-        ax.plot(_thin(t[defined]), _thin(y[defined]), color=color, lw=1.8 if h is None else 1.3,
+        ax.plot(thin(t[defined], MAX_POINTS), thin(y[defined], MAX_POINTS), color=color, lw=1.8 if h is None else 1.3,
                 label=label)
     allv = np.concatenate(ys) if ys else np.array([])
     fin = allv[np.isfinite(allv)]
@@ -131,28 +113,37 @@ def _draw_group(ax, t, base: str, members, cols, legend_ok: bool = True) -> None
         ax.legend(fontsize=7, ncol=1 if len(members) <= 4 else 2, framealpha=0.8)
 
 
-def _new_figure(w_in: float, h_in: float) -> Figure:
-    fig = Figure(figsize=(w_in, h_in), dpi=100, layout="constrained")
+def new_figure(w_in: float, h_in: float, dpi: int = 100) -> Figure:
+    """A constrained-layout Figure on its own Agg canvas (pyplot's global state untouched)."""
+    fig = Figure(figsize=(w_in, h_in), dpi=dpi, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+def save_png_svg(fig: Figure, out_stem) -> list[Path]:
+    """Write ``fig`` to out_stem.png (110 dpi) and out_stem.svg; returns both paths."""
+    stem = Path(out_stem)
+    if stem.suffix.lower() in (".png", ".svg"):
+        stem = stem.with_suffix("")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [Path(str(stem) + ".png"), Path(str(stem) + ".svg")]
+    fig.savefig(paths[0], dpi=110)
+    fig.savefig(paths[1])
+    return paths
 
 
 def plot_summary(log, out_stem) -> list[Path]:
     """One figure, a grid with a subplot per logged quantity (per-head columns together) against
     time; written to out_stem.png and out_stem.svg. Returns the two paths."""
-    cols = load_log(log)
+    cols = log_columns(log)
     groups = group_columns(cols)
     if not groups:
         raise ValueError("the log has no quantities besides step/time")
     t, xlabel = _time_axis(cols)
-    stem = Path(out_stem)
-    if stem.suffix.lower() in (".png", ".svg"):
-        stem = stem.with_suffix("")
-    stem.parent.mkdir(parents=True, exist_ok=True)
     k = len(groups)
     ncols = min(4, max(1, math.ceil(math.sqrt(k))))
     nrows = math.ceil(k / ncols)
-    fig = _new_figure(4.2 * ncols, 2.7 * nrows)
+    fig = new_figure(4.2 * ncols, 2.7 * nrows)
     axes = fig.subplots(nrows, ncols, squeeze=False)
     for i, (base, members) in enumerate(groups.items()):
         ax = axes[i // ncols][i % ncols]
@@ -161,16 +152,13 @@ def plot_summary(log, out_stem) -> list[Path]:
             ax.set_xlabel(xlabel, fontsize=8)
     for j in range(k, nrows * ncols):
         axes[j // ncols][j % ncols].set_visible(False)
-    paths = [Path(str(stem) + ".png"), Path(str(stem) + ".svg")]
-    fig.savefig(paths[0], dpi=110)
-    fig.savefig(paths[1])
-    return paths
+    return save_png_svg(fig, out_stem)
 
 
 def plot_quantity(log, column: str, out_path) -> Path:
     """One quantity against time: an exact column, or a per-head base name such as
     "energy_rate" (every head). The format follows out_path's extension (png, svg, pdf)."""
-    cols = load_log(log)
+    cols = log_columns(log)
     groups = group_columns(cols)
     if column in cols and column not in AXIS_COLUMNS:
         m = HEAD_COLUMN.match(column)
@@ -183,7 +171,7 @@ def plot_quantity(log, column: str, out_path) -> Path:
     t, xlabel = _time_axis(cols)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig = _new_figure(6.4, 4.0)
+    fig = new_figure(6.4, 4.0)
     ax = fig.add_subplot()
     _draw_group(ax, t, base, members, cols)
     ax.set_xlabel(xlabel, fontsize=9)

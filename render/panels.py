@@ -44,10 +44,11 @@ def available_panels(wanted, keys, n_heads: int) -> list[str]:
     return [p for p in wanted if panel_columns(p, keys, n_heads)]
 
 
-def _thin(x: np.ndarray) -> np.ndarray:
-    if x.size <= MAX_POINTS:
+def thin(x: np.ndarray, max_points: int = MAX_POINTS) -> np.ndarray:
+    """Every k-th point of a long series (the last one kept), at most about max_points."""
+    if x.size <= max_points:
         return x
-    k = int(math.ceil(x.size / MAX_POINTS))
+    k = int(math.ceil(x.size / max_points))
     return np.concatenate([x[::k], x[-1:]])
 
 
@@ -145,7 +146,7 @@ class Panel:
 
     def update(self, t: np.ndarray, log: Mapping) -> bool:
         lo, hi = math.inf, -math.inf
-        tt = _thin(t)
+        tt = thin(t)
         for (col, _), line, dot in zip(self.columns, self.lines, self.heads):
             y = np.asarray(log[col], dtype=float).ravel()
             if y.size != t.size:
@@ -157,7 +158,7 @@ class Panel:
                 fin = fin[fin > 0]
             if fin.size:
                 lo, hi = min(lo, float(fin.min())), max(hi, float(fin.max()))
-            line.set_data(tt, _thin(y))
+            line.set_data(tt, thin(y))
             if y.size:
                 dot.set_data([t[-1]], [y[-1]])
         dirty = False

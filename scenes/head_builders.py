@@ -23,7 +23,7 @@ import numpy as np
 
 from particles.heads import Head
 
-from .configurations import _equiangular_coordinates, random_frame
+from .configurations import _equiangular_coordinates, _rng, random_frame
 
 __all__ = [
     "scalar", "subspace", "subspaces", "subspace_basis", "near_orthogonal",
@@ -32,12 +32,6 @@ __all__ = [
 ]
 
 VALUE_MODES = ("aligned", "identity")
-
-
-def _rng(seed, stream: int | None = None) -> np.random.Generator:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-    return np.random.default_rng(int(seed) if stream is None else [int(seed), stream])
 
 
 def _check_dim(d) -> int:

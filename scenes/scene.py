@@ -6,8 +6,8 @@ render, output), and what it builds (the initial tokens, the heads).
     scene.heads()       # list[particles.heads.Head]
     scene.to_toml()     # the resolved scene, every default filled
 
-``scene.data`` is the resolved dict; the builders read it each time they are
-called, so a modified ``data`` takes effect (re-validate with ``Scene.from_dict``).
+Sections are typed, frozen models (``scene.dynamics.dt``); ``scene.data`` is the resolved
+dict, deep-frozen; ``scene.replace(...)`` makes a changed scene and validates it again.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import tomli_w
 
 from particles.heads import Head
 
-from . import configurations, head_builders, schema
+from . import configurations, head_builders, models, schema
 from .errors import SceneError
 
 LIBRARY = Path(__file__).resolve().parent / "library"
@@ -105,12 +105,65 @@ def build_heads(heads, d: int) -> list[Head]:
 # ----------------------------------------------------------------------------- the scene
 
 class Scene:
-    """A validated scene. Build one with ``load_scene`` or ``Scene.from_dict``."""
+    """A validated, frozen scene. Build one with ``load_scene`` or ``Scene.from_dict``.
+
+    Sections are typed models (``scenes.models``): ``scene.dynamics.dt``, ``scene.log.every``,
+    ``scene.tokens.n``, ``scene.heads[0].kind``; ``scene.tokens()`` and ``scene.heads()`` build
+    the initial tokens and the heads. ``scene.data`` is the resolved dict, deep-frozen. A changed
+    scene comes from ``scene.replace(...)``, validated again.
+    """
+
+    __slots__ = ("_data", "_models", "source", "path")
 
     def __init__(self, data: dict, source: str = "<dict>", path: Path | None = None):
-        self.data = data
-        self.source = source
-        self.path = path
+        object.__setattr__(self, "_data", models.freeze(data))
+        object.__setattr__(self, "_models", models.section_models(self._data))
+        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "path", path)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(models.FROZEN_MESSAGE)
+
+    @property
+    def data(self) -> dict:
+        """The resolved scene (every default filled), deep-frozen."""
+        return self._data
+
+    @property
+    def tokens(self) -> models.Tokens:
+        """[tokens] (``scene.tokens.n``); call it for the initial tokens."""
+        return self._models["tokens"]
+
+    @property
+    def heads(self) -> models.Heads:
+        """The heads entries (``scene.heads[0].kind``); call it for the Head objects."""
+        return self._models["heads"]
+
+    @property
+    def dynamics(self) -> models.Dynamics:
+        return self._models["dynamics"]
+
+    @property
+    def log(self) -> models.Log:
+        return self._models["log"]
+
+    @property
+    def render(self) -> models.Render:
+        return self._models["render"]
+
+    @property
+    def output(self) -> models.Output:
+        return self._models["output"]
+
+    def replace(self, **changes) -> "Scene":
+        """A new scene with ``changes``, validated again (SceneError lists every problem).
+
+            scene.replace(dynamics={"steps": 500, "beta": 2.0}, name="hot")
+            scene.replace(**{"dynamics.steps": 500})
+        """
+        base = self.path.parent if self.path is not None else None
+        return Scene.from_dict(models.merged(self._data, changes), source=self.source, base_dir=base,
+                               path=self.path)
 
     # construction --------------------------------------------------------------
     @classmethod
@@ -163,14 +216,6 @@ class Scene:
         f = self.data["dynamics"].get("rule_file")
         return None if f is None else Path(f)
 
-    def tokens(self) -> np.ndarray:
-        """Initial tokens, float64 unit vectors: (n, d), or (R, n, d) when replicas = R > 1."""
-        return build_tokens(self.data["tokens"])
-
-    def heads(self) -> list[Head]:
-        """The scene's heads (``particles.heads.Head``), in file order."""
-        return build_heads(self.data["heads"], self.data["tokens"]["d"])
-
     def head_bases(self) -> list[np.ndarray | None]:
         """Per head, an orthonormal d x k basis of its subspace (subspace and near_orthogonal
         heads), else None; for views that project onto each head's subspace."""
@@ -193,11 +238,8 @@ class Scene:
 
     def save(self, path) -> Path:
         """Write ``to_toml()`` to ``path`` (atomically: a temporary file, then rename)."""
-        p = Path(path)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(self.to_toml(), encoding="utf-8")
-        os.replace(tmp, p)
-        return p
+        from particles.atomic import atomic_write_text
+        return atomic_write_text(Path(path), self.to_toml())
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Scene) and self.data == other.data

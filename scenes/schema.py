@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from particles.integrators import INTEGRATORS
+
 from . import configurations, head_builders
 
 MISSING: Any = object()
@@ -43,6 +45,13 @@ KIND_SPECIFIC = ("block", "basis", "rank", "angle", "score", "value_matrix")
 VALUES = head_builders.VALUE_MODES
 
 BUILTIN_RULES = ("exp", "softmax", "relu")
+# copies of the engine's lists that would start Taichi to import (tests/test_scenes.py holds
+# them equal to particles.simulation / particles.backend)
+GEOMETRIES = ("sphere", "flat")
+DTYPES = ("float32", "float64")
+ARCHES = ("cpu", "gpu", "auto")
+# the integrator registry owns its names (rk4 first: the default)
+INTEGRATOR_NAMES = tuple(sorted(INTEGRATORS, key=lambda name: name != "rk4"))
 DYNAMICS_KEYS = ("geometry", "rule", "rule_file", "beta", "betas", "dt", "steps", "t_end",
                  "integrator", "dtype", "arch")
 LOG_KEYS = ("every", "energy", "radial", "entropy", "entropy_rate", "clusters_every",
@@ -231,6 +240,10 @@ def show(v) -> str:
         text = "[" + ", ".join(show(x) for x in v[:6]) + (", ...]" if len(v) > 6 else "]")
         return text if len(text) <= 80 else text[:77] + "..."
     return repr(v)
+
+
+# the value checks other validators share (the sweep file's): public names
+is_int, is_number, BadValue = _is_int, _is_number, _Bad
 
 
 # ----------------------------------------------------------------------------- sections
@@ -569,7 +582,7 @@ def _dynamics(problems, raw, base_dir: Path, replicas) -> dict:
     sec = _Section(problems, raw, "[dynamics]", DYNAMICS_KEYS, "dynamics")
     if not sec.ok:
         return sec.out
-    sec.take("geometry", choice("sphere", "flat"), "sphere")
+    sec.take("geometry", choice(*GEOMETRIES), "sphere")
     rule = sec.take("rule", string(nonempty=True), "exp")
     if sec.has("rule_file"):
         _path_value(sec, "rule_file", base_dir, suffixes=(".py",))
@@ -595,9 +608,9 @@ def _dynamics(problems, raw, base_dir: Path, replicas) -> dict:
             sec.out["steps"] = steps_from_t_end(t_end, dt)
     else:
         sec.take("steps", integer(1), 1000)
-    sec.take("integrator", choice("rk4", "euler"), "rk4")
-    sec.take("dtype", choice("float32", "float64"), "float32")
-    sec.take("arch", choice("cpu", "gpu", "auto"), "cpu")
+    sec.take("integrator", choice(*INTEGRATOR_NAMES), "rk4")
+    sec.take("dtype", choice(*DTYPES), "float32")
+    sec.take("arch", choice(*ARCHES), "cpu")
     return {k: sec.out[k] for k in DYNAMICS_KEYS if k in sec.out}
 
 

@@ -1,6 +1,6 @@
 """Independent float64 NumPy reference for the multi-head attention particle model.
 
-This module restates ``shared/MODEL.md`` as plainly as possible, in float64, with
+This module restates ``docs/MODEL.md`` as plainly as possible, in float64, with
 full n x n matrices.  It is the oracle the engine is held against, so it imports
 nothing from ``particles``, ``scenes`` or ``render``; clarity wins over speed.
 
@@ -344,7 +344,7 @@ def _per_head_terms(x, heads, beta, rule, geometry):
 
 
 def observables(x, heads, beta, rule: RuleLike = "exp", geometry="sphere", entropy_rate=False):
-    """The logged quantities of one state, keys as in docs/CONTRACTS.md (no step/time).
+    """The logged quantities of one state, keys as the log columns of docs/LOG.md (no step/time).
 
     energy, kinetic, gamma_bar, eps, and for each head h: energy_h{h},
     tangent_power_h{h}, cross_coupling_h{h}, radial_shadow_h{h}, energy_rate_h{h},

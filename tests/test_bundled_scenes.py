@@ -3,15 +3,13 @@ import numpy as np
 import pytest
 
 from particles.output import load_log
-from particles.run import run_scene
+from particles.app.run import run_scene
 from scenes import bundled_scenes, load_scene
 
 
 @pytest.mark.parametrize("name", sorted(bundled_scenes()))
 def test_bundled_scene_runs_a_few_steps(name, tmp_path):
-    scene = load_scene(name)
-    scene.data["dynamics"]["steps"] = 4
-    scene.data["log"]["every"] = 1
+    scene = load_scene(name).replace(dynamics={"steps": 4}, log={"every": 1})
     result = run_scene(scene, tmp_path / name, render=False, progress=False, echo=lambda *a: None)
     assert result.status == "completed", result.message
     log = load_log(result.log)

@@ -67,12 +67,36 @@ def test_help_lists_commands():
         assert command in proc.stdout
 
 
-def test_gpu_request_without_gpu_is_an_error_not_a_fallback(tmp_path):
+# A process that sees no GPU: CUDA disabled for Taichi and hidden, the Vulkan loader pointed
+# at a driver list that does not exist (so even Mesa's software device is gone).
+NO_GPU_ENV = {"TI_ENABLE_CUDA": "0", "CUDA_VISIBLE_DEVICES": "", "VK_ICD_FILENAMES": "/nonexistent/icd.json",
+              "VK_DRIVER_FILES": "/nonexistent/icd.json"}
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="Metal cannot be hidden from a process")
+def test_gpu_request_without_gpu_is_an_error_not_a_fallback(tmp_path, monkeypatch):
+    for key, value in NO_GPU_ENV.items():
+        monkeypatch.setenv(key, value)
     proc = particles_cli("run", "quickstart", "--arch", "gpu", "--steps", 2, "--no-render", "--out", tmp_path / "g")
-    if proc.returncode == 0:
-        assert "on arch cuda" in proc.stdout or "on arch vulkan" in proc.stdout  # a GPU machine
-    else:
-        assert proc.returncode == 2 and "no CUDA/Vulkan" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2, proc.stderr
+    assert "no CUDA/Vulkan device is usable" in " ".join(proc.stderr.split()) and "Traceback" not in proc.stderr
+    assert not (tmp_path / "g" / "run.json").exists()
+    proc = particles_cli("run", "quickstart", "--arch", "auto", "--steps", 2, "--no-render", "--out", tmp_path / "a")
+    assert proc.returncode == 0, proc.stderr
+    assert "on arch cpu" in proc.stdout
+
+
+def test_user_rule_that_does_not_compile_names_the_rule_and_function(tmp_path):
+    rule_file = tmp_path / "numpy_rule.py"
+    rule_file.write_text("import numpy as np\nimport particles\n\n\ndef numpy_sigmoid(z):\n"
+                         "    return 1 / (1 + np.exp(-z))\n\n\n"
+                         "particles.register_rule('numpy_sigmoid', kernel=numpy_sigmoid)\n")
+    proc = particles_cli("run", "quickstart", "--set", f"dynamics.rule_file={rule_file}", "--set",
+                         "dynamics.rule=numpy_sigmoid", "--steps", 2, "--no-render", "--out", tmp_path / "r")
+    assert proc.returncode == 2, proc.stderr
+    message = " ".join(proc.stderr.split())
+    assert "rule 'numpy_sigmoid'" in message and "kernel function 'numpy_sigmoid'" in message
+    assert "on arch 'cpu'" in message and "Traceback" not in proc.stderr
 
 
 def test_render_and_plot_a_finished_run(tmp_path):

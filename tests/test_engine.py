@@ -46,7 +46,7 @@ def test_float32_stays_on_sphere_for_ten_thousand_steps():
     sim = particles.Simulation(x, general_heads(2, 3, 1), beta=2.0, rule="softmax", dt=0.01,
                                integrator="euler", dtype="float32")
     sim.advance(10_000)
-    norms = np.linalg.norm(sim.x.to_numpy().astype(np.float64), axis=-1)
+    norms = np.linalg.norm(sim.native_tokens().astype(np.float64), axis=-1)
     assert np.max(np.abs(norms - 1.0)) < 1e-6
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from particles.run import run_scene
+from particles.app.run import run_scene
 from scenes import Scene, SceneError, load_scene
 
 QUIET = dict(render=False, progress=False, echo=lambda *a: None)
@@ -51,7 +51,7 @@ def test_random_scene_dicts_run_or_fail_clearly(raw):
         return
     event("valid scene, ran")
     with tempfile.TemporaryDirectory() as tmp:
-        scene.data["dynamics"]["steps"] = min(scene.data["dynamics"]["steps"], 3)
+        scene = scene.replace(dynamics={"steps": min(scene.dynamics.steps, 3)})
         result = run_scene(scene, Path(tmp) / "run", **QUIET)
         assert result.status in ("completed", "blow-up")
         if result.status == "blow-up":

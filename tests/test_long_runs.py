@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from particles.output import load_log, load_trajectory
-from particles.run import resume_run, run_scene
+from particles.app.run import resume_run, run_scene
 from scenes import load_scene
 
 QUIET = dict(render=False, progress=False, echo=lambda *a: None)

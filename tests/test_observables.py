@@ -184,3 +184,24 @@ def test_relu_rule_without_weights_has_zero_entropy_and_energy_nan_for_potential
     _, row = observed_row(x, general_heads(1, 3), 1.0, "test_bump_nopot", "sphere")
     assert math.isnan(row["energy"]) and math.isnan(row["energy_h0"])
     assert np.isfinite(row["entropy_mean_h0"])
+
+
+def test_one_cluster_labeller_matches_the_reference_at_any_block_size():
+    """particles.clusters: counts, labels and min cosine against reference.py, whatever the
+    block of rows it holds at once (built as a sparse graph, never n x n at once)."""
+    from particles.clusters import cluster_labels, cluster_stats
+    rng = np.random.default_rng(5)
+    centres = random_tokens(4, 5, 9)
+    x = np.concatenate([c + 0.03 * rng.standard_normal((15, 5)) for c in centres])[rng.permutation(60)]
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    for thr in (0.99, 0.95, 0.5, -1.0):
+        want = ref.count_clusters(x, thr)
+        for max_elems in (60, 60 * 7, 1 << 22):
+            mins, counts = cluster_stats(x[None], thr, max_elems=max_elems)
+            assert counts[0] == want
+            assert abs(mins[0] - ref.min_cosine(x)) < 1e-12
+        labels = cluster_labels(x, thr, max_elems=60 * 3)
+        assert labels.max() + 1 == want and labels[0] == 0
+        firsts = [np.flatnonzero(labels == k)[0] for k in range(want)]
+        assert firsts == sorted(firsts)             # numbered by smallest member
+        assert np.array_equal(labels, ref.cluster_labels(x, thr))

@@ -27,7 +27,10 @@ def test_readme_python_api_example_runs(capsys):
     exec(compile(api_block, "README.md", "exec"), namespace)
     assert namespace["final"].shape == (32, 3)
     assert "eps" in capsys.readouterr().out
-    assert namespace["rows"][-1]["eps"] < namespace["rows"][0]["eps"]  # the tokens cluster
+    res = namespace["res"]
+    assert list(res["step"]) == list(range(0, 201, 10))                # the final state observed
+    assert res["eps"][-1] < res["eps"][0]                               # the tokens cluster
+    assert list(namespace["more"]["step"]) == list(range(200, 301, 10))
 
 
 def test_sigmoid_example_scene_runs_from_the_command_line(tmp_path):

@@ -8,7 +8,9 @@ import pytest
 import imageio.v3 as iio
 
 from render import Animation, RenderConfig, RunInfo, plot_quantity, plot_summary
-from render.colors import cluster_colors, leader_clusters
+from particles.clusters import cluster_labels
+from particles.output import load_log
+from render.colors import cluster_colors
 from render.views import pca_basis
 
 SMALL = dict(width=320, height=180, fps=10)
@@ -144,8 +146,9 @@ VIEW_CASES = {
 def test_views_render(tmp_path, case):
     cfg_kw, info_kw = VIEW_CASES[case]
     info = info_for(**info_kw)
+    labels = (lambda x: {"cluster": cluster_labels(x, 0.99)}) if cfg_kw.get("color_by") == "cluster" else None
     anim = render(tmp_path / "v.mp4", RenderConfig(**SMALL, **cfg_kw), info, frames=3,
-                  flat=info.geometry == "flat")
+                  flat=info.geometry == "flat", token_values=labels)
     assert anim.frames_written == 3
     frames = iio.imread(tmp_path / "v.mp4", index=None)
     assert frames.shape[0] == 3 and frames[-1].std() > 20
@@ -170,7 +173,7 @@ def test_colour_by_observable(tmp_path, mode):
 
     def values(x):
         return {f"radial_h1": x[:, 0] - 0.2, "entropy_h1": np.log(info.n) * (0.5 + 0.25 * (1 + x[:, 1])),
-                "cluster": leader_clusters(x)}
+                "cluster": cluster_labels(x, 0.99)}
 
     anim = render(tmp_path / "c.mp4", RenderConfig(color_by=mode, color_head=1, **SMALL), info,
                   frames=3, token_values=values)
@@ -225,11 +228,17 @@ def test_pca_final_uses_given_final_tokens(tmp_path):
 
 
 # --------------------------------------------------------------------------- helpers
-def test_leader_clusters_and_colours():
+def test_colour_by_cluster_needs_the_labels(tmp_path):
+    """render never labels clusters itself: the run's one labeller gives them (the log's)."""
+    with pytest.raises(ValueError, match="token_values\\['cluster'\\]"):
+        render(tmp_path / "c.gif", RenderConfig(color_by="cluster", **SMALL), info_for(3), frames=1)
+
+
+def test_cluster_labels_and_colours():
     a = np.array([1.0, 0.0, 0.0])
     b = np.array([0.0, 1.0, 0.0])
     x = np.stack([a, b, a, a + 1e-3 * b, np.array([0.0, 0.0, 1.0]), b])
-    labels = leader_clusters(x)
+    labels = cluster_labels(x, 0.99)
     assert list(labels) == [0, 1, 0, 0, 2, 1]
     cols = cluster_colors(labels)
     assert np.allclose(cols[0], cols[2]) and not np.allclose(cols[0], cols[1])
@@ -249,13 +258,13 @@ def test_plot_summary_and_quantity(tmp_path):
     names = list(log)
     np.savetxt(csv, np.column_stack([log[k] for k in names]), delimiter=",", header=",".join(names),
                comments="")
-    for source, stem in ((csv, tmp_path / "out" / "summary"), (log, tmp_path / "dict_summary")):
+    for source, stem in ((load_log(csv), tmp_path / "out" / "summary"), (log, tmp_path / "dict_summary")):
         paths = plot_summary(source, stem)
         assert [p.suffix for p in paths] == [".png", ".svg"]
         assert all(p.is_file() and p.stat().st_size > 1000 for p in paths)
     png = iio.imread(tmp_path / "out" / "summary.png")
     assert png[..., :3].std() > 10
-    out = plot_quantity(csv, "energy_rate", tmp_path / "rate.png")
+    out = plot_quantity(load_log(csv), "energy_rate", tmp_path / "rate.png")
     assert out.is_file()
     assert plot_quantity(log, "eps", tmp_path / "eps.svg").is_file()
     with pytest.raises(ValueError, match="unknown quantity"):

@@ -280,15 +280,28 @@ view = "heads"
 
 
 def test_modify_save_load(tmp_path):
-    scene = load_scene("quickstart")
-    scene.data["dynamics"]["beta"] = 2.5
-    scene.data["tokens"]["n"] = 20
-    scene.data["heads"]["strengths"] = [0.5, 1.5]
+    original = load_scene("quickstart")
+    with pytest.raises(TypeError, match="frozen"):
+        original.data["dynamics"]["beta"] = 2.5            # a validated scene never changes
+    with pytest.raises(AttributeError, match="frozen"):
+        original.name = "other"
+    scene = original.replace(dynamics={"beta": 2.5}, tokens={"n": 20}, heads={"strengths": [0.5, 1.5]})
+    assert original.dynamics.beta == 4.0 and scene.dynamics.beta == 2.5
     p = scene.save(tmp_path / "q.toml")
     loaded = load_scene(p)
     assert loaded.data == scene.data
-    assert loaded.data["dynamics"]["beta"] == 2.5
-    assert loaded.tokens().shape == (20, 3)
+    assert loaded.data["dynamics"]["beta"] == 2.5 and loaded.dynamics.beta == 2.5
+    assert loaded.tokens().shape == (20, 3) and loaded.tokens.n == 20
+    assert [h.kind for h in loaded.heads] == ["scalar"] and len(loaded.heads()) == 2
+
+
+def test_replace_validates_again_and_names_the_key():
+    scene = load_scene("quickstart")
+    with pytest.raises(SceneError) as err:
+        scene.replace(dynamics={"dtt": 0.1, "beta": -1.0})
+    text = str(err.value)
+    assert "2 problems" in text and "did you mean 'dt'?" in text and "[dynamics] beta" in text
+    assert scene.replace(**{"dynamics.t_end": 1.0}).dynamics.steps == 20     # t_end replaces steps
 
 
 # ----------------------------------------------------------------------------- overrides
@@ -404,3 +417,34 @@ def test_readme_example_is_a_valid_scene(tmp_path):
     table = next(b for b in blocks if "near_orthogonal" in b)
     scene = Scene.from_dict({"tokens": {"n": 4, "d": 6}, **tomllib.loads(table)})
     assert scene.n_heads == 3
+
+
+def test_scene_vocabularies_match_the_modules_that_own_them():
+    """Where the layering keeps a copy (scenes may not import render, nor start Taichi for the
+    rule registry), the copy must equal its owner's list."""
+    import particles.rules
+    import particles.simulation
+    import render.config
+    from particles.integrators import INTEGRATORS
+    assert set(schema.BUILTIN_RULES) == set(particles.rules.BUILTIN_RULES)
+    assert set(schema.INTEGRATOR_NAMES) == set(INTEGRATORS)
+    for name in ("VIEWS", "COLOR_BY", "PROJECTIONS", "PANELS"):
+        assert tuple(getattr(schema, name)) == tuple(getattr(render.config, name)), name
+    import particles.backend
+    assert schema.GEOMETRIES == particles.simulation.GEOMETRIES
+    assert schema.DTYPES == particles.simulation.DTYPES
+    assert schema.ARCHES == particles.backend.ARCH_CHOICES
+
+
+def test_render_defaults_of_a_scene_equal_renders_own():
+    """render keeps its API defaults (it imports no scene); a scene's [render] defaults equal them."""
+    import dataclasses
+
+    import render.config
+    scene = Scene.from_dict({"tokens": {"n": 4, "d": 3}, "heads": {"kind": "scalar"}})
+    for f in dataclasses.fields(render.config.RenderConfig):
+        if hasattr(scene.render, f.name):
+            mine = getattr(scene.render, f.name)
+            theirs = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            assert (list(mine) if isinstance(mine, (list, tuple)) else mine) == \
+                (list(theirs) if isinstance(theirs, tuple) else theirs), f.name

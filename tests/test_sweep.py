@@ -1,4 +1,4 @@
-"""Parameter sweeps (particles.sweep): the file format and its errors, the grid and its work
+"""Parameter sweeps (particles.app.sweep): the file format and its errors, the grid and its work
 units, ensemble = single replicas, resume after a kill, local = Ray, the plots, the CLI hook."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 import reference
 from particles import Simulation
 from particles.observables import pairwise_extremes
-from particles.sweep import (ABORT_ENV, LEDGER, SweepAborted, SweepError, Sweep, cli_sweep,
-                             is_sweep_dir, load_results, load_sweep, run_sweep)
-from particles.sweep_executors import cluster_stats, run_unit
+from particles.app.sweep import (LEDGER, ResultStore, SweepError, Sweep, cli_sweep, is_sweep_dir,
+                                 load_results, load_sweep, run_sweep)
+from particles.app.sweep.executors import cluster_stats, run_unit
 from scenes.scene import build_heads, build_tokens
 
 SMALL = """\
@@ -269,16 +269,28 @@ def test_killed_sweep_resumes_without_recomputing_or_duplicating(reference_run, 
     _, _, ref = reference_run
     path = write(tmp_path, SMALL.format(batch=4))
     out = tmp_path / "out"
-    monkeypatch.setenv(ABORT_ENV, moment)
-    with pytest.raises(SweepAborted):
-        run_sweep(path, out)
+    class Killed(BaseException):
+        pass
+    ledgered = []
+    real_ledger = ResultStore._append_ledger
+
+    def append_ledger(store, line):      # the fault: a kill around the ledger write
+        if moment == "2:rows" and len(ledgered) == 1:
+            raise Killed("after unit 2's rows, before its ledger line")
+        real_ledger(store, line)
+        ledgered.append(line)
+        if moment == "1":
+            raise Killed("after unit 1 is ledgered")
+    with monkeypatch.context() as patch:
+        patch.setattr(ResultStore, "_append_ledger", append_ledger)
+        with pytest.raises(Killed):
+            run_sweep(path, out)
     ledger = (out / LEDGER).read_text().splitlines()
     assert len(ledger) == 1 and ledger[0].startswith("u00000\t12\t1\t")
     rows_before = len((out / "results.csv").read_text().splitlines()) - 1
     assert rows_before == (12 if moment == "1" else 24)      # "2:rows": unit 2's rows orphaned
     with open(out / "results.csv", "a") as fh:               # and a line cut by the kill
         fh.write("u00002,9,8,3,2,1,6.0,0,0.0,0.99")
-    monkeypatch.delenv(ABORT_ENV)
     run_sweep(path, out)
     ledger = [line.split("\t") for line in (out / LEDGER).read_text().splitlines()]
     assert [(u, int(a)) for u, _, a, _ in ledger] == [("u00000", 1), ("u00001", 2), ("u00002", 2)]
@@ -311,7 +323,7 @@ def test_ray_executor_gives_the_same_table(reference_run, tmp_path):
 # ----------------------------------------------------------------------------- plots and CLI
 
 def test_equiangular_time_matches_the_reference_ode():
-    from render.sweep_plots import beta_star, equiangular_time
+    from particles.theory import beta_star, equiangular_time
     for rule, lam, beta in (("softmax", [1.0, 1.0], 2.0), ("exp", [0.5, 1.5], 1.0)):
         T = equiangular_time([beta], lam, 8, rule, 0.0, 0.99)[0]
         g = reference.solve_equiangular_gamma(0.0, lam, beta, 8, rule, t_end=T, dt=1e-3)
@@ -320,7 +332,7 @@ def test_equiangular_time_matches_the_reference_ode():
 
 
 def test_plots_and_cli(reference_run, tmp_path, capsys):
-    from render.sweep_plots import plot_sweep
+    from particles.app.sweep.plots import plot_sweep
     path = write(tmp_path, """\
         [tokens]
         n = 4

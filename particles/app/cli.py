@@ -1,0 +1,302 @@
+"""The `particles` command line.
+
+Exit codes: 0 success, 2 a user error (one paragraph, no traceback), 1 an internal error.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from pathlib import Path
+
+EXAMPLES = """\
+examples:
+  particles run quickstart                    run a bundled scene (video, log, trajectory)
+  particles run my_scene.toml --set dynamics.beta=3.0 --steps 500
+  particles scenes                            list the bundled scenes
+  particles show quickstart                   the resolved scene, every default filled in
+  particles new my_scene                      write a commented starter scene file
+  particles render runs/quickstart-...        re-render a finished run (e.g. --out movie.gif)
+  particles plot runs/quickstart-...          summary figure of a run's log
+  particles resume runs/quickstart-...        continue an interrupted run from its checkpoint
+  particles sweep phase_diagram_1head         a bundled sweep; then `particles plot sweeps/...`
+  particles reproduce --quick                 check the paper's results, write a report
+"""
+
+
+class UserError(Exception):
+    """A mistake in what the user asked for; printed as one paragraph, exit code 2."""
+
+
+def _user_errors():
+    from scenes import SceneError
+    from particles.atomic import SymlinkRefused
+    from particles.backend import ArchError
+    from particles.rule_check import RuleCompileError
+    return (UserError, SceneError, ArchError, RuleCompileError, FileNotFoundError, SymlinkRefused)
+
+
+def _load(scene_arg: str, overrides, steps=None, arch=None, dtype=None):
+    from scenes import load_scene
+    overrides = list(overrides or [])
+    if arch:
+        overrides.append(f"dynamics.arch={arch}")
+    if dtype:
+        overrides.append(f"dynamics.dtype={dtype}")
+    scene = load_scene(scene_arg, overrides=overrides)
+    if steps is not None:
+        scene = scene.replace(dynamics={"steps": steps})
+    return scene
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def cmd_run(args) -> int:
+    from particles.app.run import run_scene
+    scene = _load(args.scene, args.set, args.steps, args.arch, args.dtype)
+    result = run_scene(scene, args.out, render=not args.no_render, progress=not args.quiet,
+                       checkpoint_every=args.checkpoint_every or 0, echo=print)
+    _print_summary(result)
+    return 0 if result.status == "completed" else (2 if result.status == "blow-up" else 130)
+
+
+def cmd_resume(args) -> int:
+    from particles.app.run import resume_run
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "scene.toml").is_file():
+        raise UserError(f"{str(run_dir)!r} is not a run directory (no scene.toml in it)")
+    result = resume_run(run_dir, steps=args.steps, render=not args.no_render, progress=not args.quiet,
+                        checkpoint_every=args.checkpoint_every or 0, echo=print)
+    _print_summary(result)
+    return 0 if result.status == "completed" else (2 if result.status == "blow-up" else 130)
+
+
+def _print_summary(result) -> None:
+    s = result.summary
+    lines = [f"run {result.status}: {result.steps_done}/{result.steps_total} steps on arch {result.arch}",
+             f"  run directory: {result.run_dir}",
+             f"  log:           {result.log}"]
+    if result.trajectory:
+        lines.append(f"  trajectory:    {result.trajectory}")
+    if result.video:
+        lines.append(f"  video:         {result.video}")
+    if s.get("energy_first") is not None:
+        mono = s["per_head_energy_monotone"]
+        lines += [f"  final eps = 1 - mean cosine: {s['final_eps']:.4g}",
+                  f"  energy: {s['energy_first']:.6g} -> {s['energy_last']:.6g} (change {s['energy_change']:+.4g})",
+                  f"  Condition 8 (radial dominance rho_h <= 1) held throughout: "
+                  f"{'yes' if s['condition8_held'] else 'no'} (max rho per head: "
+                  + ", ".join(f"{r:.3g}" for r in s["max_radial_dominance"]) + ")",
+                  f"  per-head energies monotone: "
+                  + ", ".join(f"h{h} {'n/a (no potential)' if m is None else 'yes' if m else 'no'}"
+                               for h, m in enumerate(mono))]
+    if result.message:
+        lines.append("  " + result.message)
+    print("\n".join(lines))
+
+
+def cmd_scenes(args) -> int:
+    from scenes import bundled_scenes
+    found = bundled_scenes()
+    width = max(len(name) for name in found)
+    for name, (_path, description) in sorted(found.items()):
+        print(f"{name:<{width}}  {description}")
+    return 0
+
+
+def cmd_show(args) -> int:
+    scene = _load(args.scene, args.set)
+    print(scene.to_toml(), end="")
+    return 0
+
+
+def cmd_new(args) -> int:
+    from importlib.resources import files
+    name = args.name[:-5] if args.name.endswith(".toml") else args.name
+    path = Path(name + ".toml")
+    if path.exists() and not args.force:
+        raise UserError(f"{str(path)!r} already exists; pass --force to overwrite it")
+    template = files("scenes").joinpath("starter.toml").read_text()
+    from particles.atomic import atomic_write_text
+    atomic_write_text(path, template.replace("name = \"starter\"", f"name = \"{Path(name).name}\""))
+    print(f"wrote {path}: edit it, then `particles run {path}`")
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from particles.app.sweep import cli_sweep
+    return cli_sweep(args)
+
+
+def cmd_reproduce(args) -> int:
+    from particles.app.reproduce import main as reproduce
+    try:
+        report = reproduce(quick=args.quick, out_dir=Path(args.out), compare=args.compare)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    print(f"report: {report}")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from particles.output import load_log
+    from render import plot_summary
+    from particles.app.sweep import is_sweep_dir
+    run_dir = Path(args.run_dir)
+    if is_sweep_dir(run_dir):
+        from particles.app.sweep.plots import plot_sweep
+        try:
+            paths = plot_sweep(run_dir)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        for path in paths:
+            print(f"wrote {path}")
+        return 0
+    log = run_dir / "log.csv" if run_dir.is_dir() else run_dir
+    if not log.is_file():
+        raise UserError(f"no log found at {str(log)!r} (give a run directory holding log.csv)")
+    stem = Path(args.out) if args.out else (log.parent / "summary")
+    for path in plot_summary(load_log(log), stem):
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_render(args) -> int:
+    from particles.app.rerender import rerender
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "scene.toml").is_file():
+        raise UserError(f"{str(run_dir)!r} is not a run directory (no scene.toml in it)")
+    overrides = {k: v for k, v in (("view", args.view), ("color_by", args.color_by), ("fps", args.fps),
+                                    ("trails", args.trails)) if v is not None}
+    out = rerender(run_dir, args.out, **overrides)
+    print(f"wrote {out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="particles",
+        description="Tokens of a transformer as particles: simulate multi-head self-attention "
+                    "dynamics from a scene file and get a log, a trajectory and an animation.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from particles import __version__
+    parser.add_argument("--version", action="version", version=f"particles {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def scene_options(p):
+        p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
+                       help="override a scene key, e.g. --set dynamics.beta=3.0 (repeatable)")
+
+    p = sub.add_parser("run", help="run a scene file or a bundled scene by name",
+                       description="Run a scene: writes log.csv, trajectory/, the video, scene.toml "
+                                   "(resolved) and run.json into a new run directory.")
+    p.add_argument("scene", help="path to a .toml scene file, or a bundled scene name (see `particles scenes`)")
+    p.add_argument("--out", metavar="DIR", help="run directory (default: runs/<name>-<time>)")
+    p.add_argument("--steps", type=_positive_int, metavar="N", help="number of steps (overrides the scene)")
+    p.add_argument("--arch", choices=("cpu", "gpu", "auto"), help="where the kernels run (default: the scene's, cpu)")
+    p.add_argument("--dtype", choices=("float32", "float64"), help="floating point precision")
+    p.add_argument("--no-render", action="store_true", help="skip the video")
+    p.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
+                   help="write a checkpoint every N steps (for `particles resume`)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    scene_options(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("resume", help="continue a run from its last checkpoint")
+    p.add_argument("run_dir")
+    p.add_argument("--steps", type=_positive_int, metavar="N",
+                   help="new total number of steps (extends a finished run)")
+    p.add_argument("--no-render", action="store_true", help="skip the video of the continuation")
+    p.add_argument("--checkpoint-every", type=_positive_int, metavar="N")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_resume)
+
+    p = sub.add_parser("scenes", help="list the bundled scenes")
+    p.set_defaults(func=cmd_scenes)
+
+    p = sub.add_parser("show", help="print a scene resolved, with every default filled in")
+    p.add_argument("scene")
+    scene_options(p)
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("new", help="write a commented starter scene file NAME.toml")
+    p.add_argument("name")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.set_defaults(func=cmd_new)
+
+    p = sub.add_parser("render", help="re-render the video of a finished run from its trajectory")
+    p.add_argument("run_dir")
+    p.add_argument("--out", metavar="FILE", help="output file (.mp4 or .gif; default: rerender.mp4 in the run)")
+    p.add_argument("--view", choices=("auto", "circle", "sphere", "pca", "heads"))
+    p.add_argument("--color-by", choices=("index", "cluster", "radial", "entropy"))
+    p.add_argument("--fps", type=_positive_int)
+    p.add_argument("--trails", type=int)
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("sweep", help="run a parameter sweep (ensembles locally, or on Ray)",
+                       description="Run a sweep file: a scene plus axes; results stream to "
+                                   "results.csv, and a rerun skips finished units.")
+    p.add_argument("sweep_file", help="a sweep .toml file, or a bundled sweep name")
+    p.add_argument("--executor", choices=("local", "ray"), help="where work units run (default local)")
+    p.add_argument("--address", help="Ray cluster address (default: start a local cluster)")
+    p.add_argument("--out", metavar="DIR", help="sweep directory (default: sweeps/<name>)")
+    p.add_argument("--workers", type=_positive_int, metavar="N", help="local process pool size")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("reproduce", help="reproduce the paper's results and write a report",
+                       description="Run every experiment of the paper (MODEL.md) and write "
+                                   "report.md (with figures) and report.json.")
+    p.add_argument("--quick", action="store_true", help="small versions (a few minutes)")
+    p.add_argument("--out", metavar="DIR", default="reproduce", help="output folder (default: reproduce)")
+    p.add_argument("--compare", metavar="REPORT_JSON",
+                   help="another run's report.json (e.g. the other mode): list every verdict that differs")
+    p.set_defaults(func=cmd_reproduce)
+
+    p = sub.add_parser("plot", help="summary figure of a run's log, or a sweep's phase diagram")
+    p.add_argument("run_dir")
+    p.add_argument("--out", metavar="STEM", help="output path without extension (default: RUN_DIR/summary)")
+    p.set_defaults(func=cmd_plot)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        user_errors = _user_errors()
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - the one place that turns errors into exit codes
+        if isinstance(err, user_errors) or _is_user_value_error(err):
+            message = str(err).strip() or type(err).__name__
+            if "\n" not in message:
+                message = textwrap.fill(message, width=100)
+            print(f"error: {message}", file=sys.stderr)
+            return 2
+        import traceback
+        traceback.print_exc()
+        print("internal error: this is a bug in particles; please report it with the traceback above",
+              file=sys.stderr)
+        return 1
+
+
+def _is_user_value_error(err: Exception) -> bool:
+    """ValueErrors raised while building a run from user input (bad rule, bad shapes)."""
+    return type(err) is ValueError or type(err).__name__ in ("BlowUpError",)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Build a video's settings from a scene, and re-render a finished run from its trajectory."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from render.animation import Animation
+from render.config import RenderConfig, RunInfo
+
+from particles.clusters import cluster_labels
+
+from .build import build_simulation
+
+
+def render_config(render_section, **overrides) -> RenderConfig:
+    """RenderConfig from a scene's resolved [render] section (``scene.render``; its defaults are
+    the schema's, filled at validation), plus overrides."""
+    rc = {k: getattr(render_section, k) for k in ("view", "color_by", "color_head", "trails", "rotate",
+                                                   "projection", "panels", "fps", "dpi", "width", "height")}
+    rc.update({k: v for k, v in overrides.items() if v is not None})
+    rc["panels"] = tuple(rc["panels"])
+    return RenderConfig(**rc)
+
+
+def head_bases(heads) -> list[np.ndarray]:
+    """An orthonormal basis of each head's score range, most important direction first."""
+    bases = []
+    for head in heads:
+        u, s, _ = np.linalg.svd(head.score)
+        keep = s > 1e-9 * max(s[0], 1e-300)
+        bases.append(u[:, keep] if keep.any() else u[:, :1])
+    return bases
+
+
+def run_info(scene, heads, beta: float) -> RunInfo:
+    return RunInfo(name=scene.name, beta=float(beta), rule=scene.dynamics.rule, n_heads=len(heads),
+                   n=scene.tokens.n, d=scene.tokens.d, geometry=scene.dynamics.geometry,
+                   head_bases=head_bases(heads))
+
+
+def rerender(run_dir, out=None, **overrides) -> Path:
+    """Re-render the video of a finished (or interrupted) run from trajectory/ and log.csv,
+    without re-simulating. overrides: view, color_by, fps, trails, ... (RenderConfig fields).
+    Per-token colours (radial shadow, entropy) are recomputed from the saved tokens."""
+    from particles.output import load_log, load_trajectory
+    from scenes import load_scene
+
+    run_dir = Path(run_dir)
+    scene = load_scene(run_dir / "scene.toml")
+    steps, times, tokens, meta = load_trajectory(run_dir)
+    if tokens.ndim == 4:  # an ensemble: the video shows replica 0, as the live run does
+        tokens = tokens[:, 0]
+    log = load_log(run_dir)
+    if "replica" in log:
+        keep = log["replica"] == 0
+        log = {k: v[keep] for k, v in log.items()}
+    heads = scene.heads()
+    cfg = render_config(scene.render, **overrides)
+    path = Path(out) if out else run_dir / ("rerender" + Path(scene.render.file).suffix)
+    if path.suffix.lower() not in (".mp4", ".gif"):
+        raise ValueError(f"output {str(path)!r}: the extension must be .mp4 or .gif")
+    threshold = float(scene.log.cluster_threshold)
+    sim = None
+    if cfg.color_by in ("radial", "entropy"):  # per-token values: one evaluation per frame
+        sim = build_simulation(scene, tokens=tokens[0], heads=heads, beta=meta["beta"][0],
+                               entropy_rate=False)
+    panel_keys = [k for k in log if k in ("time", "energy") or
+                  k.startswith(("energy_h", "radial_dominance_h", "entropy_mean_h"))]
+    with Animation(path, cfg, run_info(scene, heads, meta["beta"][0]), t_end=float(times[-1]),
+                   final_tokens=tokens[-1]) as anim:
+        for x, t in zip(tokens, times):
+            upto = log["time"] <= t + 1e-12
+            values = None
+            if cfg.color_by == "cluster":   # the log's labelling, at the scene's threshold
+                values = {"cluster": cluster_labels(x, threshold)}
+            if sim is not None:
+                sim.set_tokens(x)
+                sim.observe()
+                sim.take_rows()
+                values = sim.per_token()
+            if cfg.color_by == "cluster":   # the log's labelling, at the scene's threshold
+                values = {"cluster": cluster_labels(x, threshold)}
+            anim.add_frame(x, float(t), {k: log[k][upto] for k in panel_keys}, token_values=values)
+    return path

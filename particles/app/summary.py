@@ -1,0 +1,61 @@
+"""A run's headline figures, updated row by row so a long run keeps no rows in memory."""
+from __future__ import annotations
+
+import math
+
+from particles.drive import Every, Writer
+
+
+class Summary(Writer):
+    """Energy first/last, final eps, max radial dominance and per-head monotonicity.
+
+    A drive writer: it observes the log's rows (``observe = Every(log_every)``).
+    """
+
+    def __init__(self, n_heads: int, tolerance: float, log_every: int = 1):
+        self.n_heads, self.tol = n_heads, tolerance
+        self.observe = Every(log_every)
+        self.first_energy = self.last_energy = None
+        self.final_eps = math.nan
+        self.max_dominance = [0.0] * n_heads
+        self.monotone = [True] * n_heads
+        self._prev = {}
+
+    def on_rows(self, rows: list[dict]) -> None:
+        for row in rows:
+            self.add(row)
+
+    def add(self, row: dict) -> None:
+        if row.get("replica", 0) == 0:
+            if self.first_energy is None:
+                self.first_energy = row["energy"]
+            self.last_energy = row["energy"]
+            self.final_eps = row["eps"]
+        for h in range(self.n_heads):
+            key = (row.get("replica", 0), h)
+            e = row[f"energy_h{h}"]
+            if math.isnan(e):
+                self.monotone[h] = None  # the rule has no potential: no energy to judge
+            prev = self._prev.get(key)
+            if self.monotone[h] and prev is not None and e < prev - self.tol * max(abs(prev), 1e-300):
+                self.monotone[h] = False
+            self._prev[key] = e
+            self.max_dominance[h] = max(self.max_dominance[h], row[f"radial_dominance_h{h}"])
+
+    def restore(self, saved: dict) -> None:
+        """Continue the headline figures of a checkpointed run."""
+        self.first_energy = saved.get("energy_first")
+        self.max_dominance = list(saved.get("max_radial_dominance", self.max_dominance))
+        self.monotone = list(saved.get("per_head_energy_monotone", self.monotone))
+
+    def as_dict(self) -> dict:
+        return {
+            "final_eps": self.final_eps,
+            "energy_first": self.first_energy,
+            "energy_last": self.last_energy,
+            "energy_change": (self.last_energy - self.first_energy)
+            if self.first_energy is not None else math.nan,
+            "max_radial_dominance": self.max_dominance,
+            "condition8_held": all(d <= 1.0 for d in self.max_dominance),
+            "per_head_energy_monotone": self.monotone,
+        }

@@ -1,0 +1,220 @@
+"""Running a sweep's work units: ``run_unit`` (one ensemble Simulation), and the executors
+that call it -- in this process, on a local process pool, or as Ray tasks.
+
+A work unit is a plain dict (see ``particles.app.sweep.Sweep``); its result is a dict of NumPy
+arrays. Both travel by pickle, so the same unit gives the same result wherever it runs.
+Taichi is initialised once per process (``particles.backend.init``, called by Simulation);
+a pool or Ray worker sets ``TI_CPU_MAX_NUM_THREADS`` before its first unit so that workers
+sharing a machine do not each start a thread per core.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from particles.drive import AT_END, NEVER, At, Every, Writer, drive
+from particles.clusters import cluster_stats
+from particles.theory import eps_of_tokens
+
+from ..build import build_simulation
+
+
+# ============================================================================ one unit
+
+class _Record(Writer):
+    """The unit's record steps: observables (their rows), cluster counts, min cosine."""
+
+    def __init__(self, rec: dict, R: int):
+        self.steps = [int(s) for s in rec["steps"]]
+        self.where = {s: k for k, s in enumerate(self.steps)}
+        self.names = list(rec["observables"])
+        self.threshold = rec["threshold"]
+        self.trigger = At(self.steps)
+        self.observe = At(self.steps) if self.names else NEVER
+        self.needs = frozenset({"tokens"}) if (rec["clusters"] or rec["min_cosine"]) else frozenset()
+        T = len(self.steps)
+        self.values = np.full((R, T, len(self.names)), np.nan)
+        self.clusters = np.full((R, T), np.nan) if rec["clusters"] else None
+        self.min_cos = np.full((R, T), np.nan) if rec["min_cosine"] else None
+
+    def on_state(self, state):
+        if state.tokens is None:
+            return
+        mc, count = cluster_stats(state.tokens, self.threshold)
+        k = self.where[state.step]
+        if self.clusters is not None:
+            self.clusters[:, k] = count
+        if self.min_cos is not None:
+            self.min_cos[:, k] = mc
+
+    def on_rows(self, rows):
+        for row in rows:
+            self.values[row["replica"], self.where[row["step"]]] = [row.get(o, math.nan) for o in self.names]
+
+
+class _ClusteringTime(Writer):
+    """The first recorded time at which eps < threshold, per replica (nan: never)."""
+
+    needs = frozenset({"tokens"})
+
+    def __init__(self, rec: dict, R: int):
+        self.threshold = rec["clustering_time"]
+        self.trigger = Every(int(rec.get("clustering_every", 1))) | At(rec["steps"]) | AT_END
+        self.first = np.full(R, np.nan)
+
+    def on_state(self, state):
+        newly = np.isnan(self.first) & (eps_of_tokens(state.tokens) < self.threshold)
+        self.first[newly] = state.time
+
+
+def run_unit(unit: dict) -> dict:
+    """Run one work unit: one ensemble Simulation of its replicas (tokens (R, n, d), one beta
+    each), recording observables / clusters at the record steps and the first step where
+    eps < the clustering threshold. Returns a dict of arrays (see ``particles.app.sweep``)."""
+    t0 = time.perf_counter()
+    from scenes.scene import build_heads, build_tokens
+
+    scene, rec = unit["scene"], unit["record"]
+    tokens = np.stack([build_tokens(dict(t, replicas=1)) for t in unit["tokens"]])
+    heads = build_heads(scene["heads"], scene["tokens"]["d"])
+    obs = list(rec["observables"])
+    sim = build_simulation(scene, tokens=tokens, heads=heads,
+                           beta=np.asarray(unit["betas"], dtype=np.float64),
+                           entropy_rate=any(o.startswith("entropy_rate_h") for o in obs))
+    record = _Record(rec, sim.n_replicas)
+    writers = [record]
+    if rec.get("clustering_time") is not None:
+        writers.append(_ClusteringTime(rec, sim.n_replicas))
+    drive(sim, writers, int(scene["dynamics"]["steps"]))
+    x = sim.native_tokens()
+    nonfinite = ~np.isfinite(x).all(axis=(1, 2))
+    return {"id": unit["id"], "points": list(unit["points"]), "steps": record.steps,
+            "times": [s * sim.dt for s in record.steps], "observables": obs, "values": record.values,
+            "clusters": record.clusters, "min_cosine": record.min_cos,
+            "clustering_time": writers[1].first if len(writers) > 1 else None,
+            "nonfinite": int(nonfinite.sum()), "arch": sim.arch, "pid": os.getpid(),
+            "seconds": time.perf_counter() - t0}
+
+
+# ============================================================================ executors
+
+def _threads_env(threads: int) -> None:
+    os.environ.setdefault("TI_CPU_MAX_NUM_THREADS", str(max(1, int(threads))))
+
+
+def _pool_init(threads: int) -> None:
+    _threads_env(threads)
+
+
+def _ray_task(unit: dict, threads: int) -> dict:
+    _threads_env(threads)
+    return run_unit(unit)
+
+
+class LocalExecutor:
+    """Units in this process (workers None or 1), or on a spawn-started process pool."""
+
+    def __init__(self, workers: int | None = None):
+        self.workers = int(workers or 1)
+        self._pool = None
+
+    def map_unordered(self, units: Iterable[dict]) -> Iterator[dict]:
+        units = list(units)
+        if self.workers <= 1 or len(units) <= 1:
+            for unit in units:
+                yield run_unit(unit)
+            return
+        import multiprocessing as mp
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+        threads = max(1, (os.cpu_count() or 1) // self.workers)
+        self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"),
+                                         initializer=_pool_init, initargs=(threads,))
+        pending = {self._pool.submit(run_unit, u) for u in units}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                yield fut.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+class RayExecutor:
+    """Units as Ray tasks (one CPU each). ``address``: an existing cluster (``ray.init(address)``);
+    None: a local cluster with ``workers`` CPUs (default: all). At most ``workers`` tasks are in
+    flight when given. A cluster this executor started is shut down by ``close``."""
+
+    def __init__(self, address: str | None = None, workers: int | None = None):
+        try:
+            import ray
+        except ImportError:
+            from particles.app.sweep.format import SweepError
+            raise SweepError("--executor ray", [
+                "the ray executor needs Ray: pip install 'ray>=2.9' (or the package's [ray] "
+                "extra: pip install -e '.[ray]')"], is_file=False, what="sweep option") from None
+        self.ray = ray
+        self.workers = workers
+        self._started = False
+        if not ray.is_initialized():
+            kwargs = dict(include_dashboard=False, logging_level="WARNING", log_to_driver=False,
+                          configure_logging=True)
+            if address:
+                try:
+                    ray.init(address=address, **kwargs)
+                except (ConnectionError, RuntimeError) as exc:
+                    from particles.app.sweep.format import SweepError
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    cause = exc.__cause__
+                    lines = [ln.strip() for ln in str(cause or "").splitlines() if ln.strip()]
+                    detail = f" ({lines[-1][:200]})" if lines else ""   # the root error, last line
+                    raise SweepError("--address", [
+                        f"could not connect to the Ray cluster at {address!r}: {first}{detail}. "
+                        "Check the address (ray status on the head node prints it) and, if the "
+                        "cluster uses token authentication, that this machine has its token"],
+                        is_file=False, what="sweep option") from None
+            else:
+                ray.init(num_cpus=int(workers or os.cpu_count() or 1), **kwargs)
+            self._started = True
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.threads = 1 if address else max(1, (os.cpu_count() or 1) // max(1, workers or cpus))
+        self._task = ray.remote(num_cpus=1, max_retries=1)(_ray_task)
+        self._pending: list = []
+
+    def map_unordered(self, units: Iterable[dict]) -> Iterator[dict]:
+        ray = self.ray
+        queue = list(units)
+        limit = self.workers or len(queue) or 1
+        queue.reverse()
+        try:
+            while queue or self._pending:
+                while queue and len(self._pending) < limit:
+                    self._pending.append(self._task.remote(queue.pop(), self.threads))
+                done, self._pending = ray.wait(self._pending, num_returns=1)
+                yield ray.get(done[0])
+        finally:
+            for ref in self._pending:
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:  # noqa: BLE001 - best effort on the way out
+                    pass
+            self._pending = []
+
+    def close(self) -> None:
+        if self._started:
+            self.ray.shutdown()
+            self._started = False
+
+
+def make_executor(kind: str, address: str | None = None, workers: int | None = None):
+    if kind == "ray":
+        return RayExecutor(address, workers)
+    return LocalExecutor(workers)
+
+
+__all__ = ["run_unit", "LocalExecutor", "RayExecutor", "make_executor"]

@@ -1,0 +1,60 @@
+"""The one way this project replaces a file: atomically, durably, never through a symlink.
+
+A temporary file is created in the target's own directory (so the rename stays on one file
+system), written, fsync'ed, then ``os.replace``d onto the target: a reader sees the old
+file or the new one, never a torn one, and a crash leaves at most a stray temporary file.
+A target that is a symbolic link is refused (a link planted in a run directory must not
+redirect a write elsewhere); the temporary file is opened with O_EXCL | O_NOFOLLOW.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+
+class SymlinkRefused(OSError):
+    """The target of a write is a symbolic link; nothing was written."""
+
+
+def _check_not_symlink(path: Path) -> None:
+    if path.is_symlink():
+        raise SymlinkRefused(f"refusing to write {str(path)!r}: it is a symbolic link "
+                             f"(to {os.readlink(path)!r}); remove the link or choose another path")
+
+
+def atomic_write_bytes(path, data: bytes) -> Path:
+    """Replace ``path`` with ``data`` atomically (temporary file, fsync, rename)."""
+    path = Path(path)
+    _check_not_symlink(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(tmp, flags, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def atomic_write_text(path, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def open_append(path, **kwargs):
+    """Open ``path`` for appending (text), refusing a symbolic link (O_NOFOLLOW)."""
+    path = Path(path)
+    _check_not_symlink(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
+    return os.fdopen(os.open(path, flags, 0o644), "a", **kwargs)
+
+
+__all__ = ["atomic_write_bytes", "atomic_write_text", "open_append", "SymlinkRefused"]

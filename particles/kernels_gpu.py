@@ -1,0 +1,288 @@
+"""Kernels shaped for a GPU (CUDA, Vulkan, Metal): chosen by ``kernels.KernelSet`` when the
+active arch is not the CPU.
+
+``TiledHeads``: the pair pass, the only O(n^2) work, with key tiles staged in shared memory
+and several query rows per thread (see the section below); project and head_out are the
+plain parallel kernels of ``KernelSet``.
+
+``Reduce``: the column reductions over tokens of the observables as per-chunk partials
+(one thread per (replica, column, chunk of CHUNK tokens)) and a finish over the chunks
+(one thread per (replica, column)): parallel, no loop over n on a single thread, and a
+fixed summation order, so a run is reproducible on one device. It accumulates in float64
+where the device has it, else in float32; the log-sum-exp of the row energies is summed
+after the shift by the maximum, so its exponentials lie in (0, 1] in either type.
+"""
+import functools
+
+import taichi as ti
+
+from . import backend
+
+CHUNK = 256  # tokens per partial sum
+
+
+class Reduce:
+    """Drop-in for ``KernelSet.reduce(tok, x, out, sumx, slot)`` on a GPU arch."""
+
+    def __init__(self, n_slots: int, d: int, slots_per_head: int, slot_row_energy: int):
+        self.acc = backend.reduction_dtype()
+        self.n_cols = n_slots + d  # the observable slots, then the d components of sum x_i/|x_i|
+        self.partial, self.finish = _reduce_kernels(n_slots, d, slots_per_head, slot_row_energy,
+                                                    self.acc)
+        self._parts: dict[tuple[int, int], ti.Ndarray] = {}
+
+    def __call__(self, tok, x, out, sumx, slot: int) -> None:
+        R, n = tok.shape[0], tok.shape[1]
+        part = self._parts.get((R, n))
+        if part is None:
+            part = self._parts[(R, n)] = ti.ndarray(self.acc, shape=(R, self.n_cols, -(-n // CHUNK), 4))
+        self.partial(tok, x, part)
+        self.finish(part, out, sumx, slot)
+
+
+@functools.lru_cache(maxsize=None)
+def _reduce_kernels(n_slots: int, d: int, slots_per_head: int, slot_row_energy: int, acc):
+    any3 = ti.types.ndarray(ndim=3)
+    any4 = ti.types.ndarray(ndim=4)
+
+    @ti.func
+    def column(tok: ti.template(), x: ti.template(), b, i, col):
+        """Slot col of token i, or for col >= n_slots component col - n_slots of x_i / |x_i|."""
+        value = ti.cast(0, acc)
+        if col < n_slots:
+            value = ti.cast(tok[b, i, col], acc)
+        else:
+            norm2 = ti.cast(0, acc)
+            for e in ti.static(range(d)):
+                norm2 += ti.cast(x[b, i, e], acc) * ti.cast(x[b, i, e], acc)
+            if norm2 > 0:
+                value = ti.cast(x[b, i, col - n_slots], acc) / ti.sqrt(norm2)
+        return value
+
+    @ti.func
+    def is_row_energy(col):
+        return col >= 1 and col < n_slots and (col - 1) % slots_per_head == slot_row_energy
+
+    @ti.kernel
+    def partial(tok: any3, x: any3, part: any4):
+        """part[b, col, chunk] = (sum, min, max, sum of e^(v - max)) over the chunk's tokens."""
+        n = tok.shape[1]
+        for b, col, ck in ti.ndrange(tok.shape[0], part.shape[1], part.shape[2]):
+            first = ck * CHUNK
+            last = ti.min(first + CHUNK, n)
+            total = ti.cast(0, acc)
+            lo = column(tok, x, b, first, col)
+            hi = lo
+            for i in range(first, last):
+                v = column(tok, x, b, i, col)
+                total += v
+                lo = ti.min(lo, v)
+                hi = ti.max(hi, v)
+            lse = ti.cast(0, acc)
+            if is_row_energy(col):  # the log-sum-exp is read for the row energies only
+                for i in range(first, last):
+                    lse += ti.exp(column(tok, x, b, i, col) - hi)
+            part[b, col, ck, 0] = total
+            part[b, col, ck, 1] = lo
+            part[b, col, ck, 2] = hi
+            part[b, col, ck, 3] = lse
+
+    @ti.kernel
+    def finish(part: any4, out: any4, sumx: any4, slot: ti.i32):
+        """Combine the chunks in order into out[slot] (slots) and sumx[slot] (sum of x_i/|x_i|)."""
+        nchunk = part.shape[2]
+        for b, col in ti.ndrange(part.shape[0], part.shape[1]):
+            total = ti.cast(0, acc)
+            lo = part[b, col, 0, 1]
+            hi = part[b, col, 0, 2]
+            for ck in range(nchunk):
+                total += part[b, col, ck, 0]
+                lo = ti.min(lo, part[b, col, ck, 1])
+                hi = ti.max(hi, part[b, col, ck, 2])
+            if col < n_slots:
+                lse = ti.cast(0, acc)
+                for ck in range(nchunk):
+                    lse += part[b, col, ck, 3] * ti.exp(part[b, col, ck, 2] - hi)
+                out[slot, b, col, 0] = total
+                out[slot, b, col, 1] = lo
+                out[slot, b, col, 2] = hi
+                out[slot, b, col, 3] = hi + ti.log(lse)
+            else:
+                sumx[slot, b, col - n_slots, 0] = total
+
+    return partial, finish
+
+
+# -- the tiled pair pass -------------------------------------------------------------------
+#
+# THREADS per thread block, each owning `rows_per_thread` query rows i (strided by THREADS,
+# so that neighbouring threads touch neighbouring rows). The block walks the keys in tiles
+# of `key_tile` tokens: its threads load the tile's k_j and u_j together into shared memory
+# (coalesced: consecutive threads, consecutive components), wait, and each thread then
+# sweeps the tile with its rows' beta q_i and accumulators in registers (online softmax, as
+# the CPU path); one shared-memory read of k_j, u_j serves all of a thread's rows. Each
+# thread writes only its own rows: gather, no atomics, one summation order on every run.
+THREADS = 64
+SHARED_BYTES = 16384  # shared memory per block that every Vulkan device guarantees
+REGISTER_FLOATS = 128  # q and accumulator floats per thread, rows_per_thread (r + rv)
+
+
+MAX_KEY_TILE = 64  # keys per tile at most: more blocks fit on a multiprocessor at a time
+
+
+def key_tile(r: int, rv: int, itemsize: int) -> int:
+    """Keys per shared-memory tile: the largest power of two up to MAX_KEY_TILE whose k and u fit."""
+    fit = min(MAX_KEY_TILE, max(1, SHARED_BYTES // (itemsize * (r + rv))))
+    return 1 << (fit.bit_length() - 1)
+
+
+def rows_per_thread(r: int, rv: int) -> int:
+    """4, 2 or 1 rows per thread, as many as keep q and the accumulators in registers."""
+    return next(k for k in (4, 2, 1) if k * (r + rv) <= REGISTER_FLOATS or k == 1)
+
+
+class TiledHeads:
+    """project, the tiled pair pass and head_out: ``KernelSet.head_pass`` on a GPU arch."""
+
+    def __init__(self, kern, rule, dtype: str, d: int, H: int, r: int, rv: int):
+        self.kern = kern
+        self.pair = _tiled_pair(rule, dtype, d, H, r, rv)
+
+    def __call__(self, x, Q, K, W, O, q, k, u, beta, g, f, row, observe):
+        self.kern.project(x, Q, K, W, q, k, u)
+        self.pair(q, k, u, beta, g, row, observe)
+        self.kern.head_out(g, O, f)
+
+
+@functools.lru_cache(maxsize=None)
+def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int):
+    real = ti.f32 if dtype == "float32" else ti.f64
+    exponential = rule.exponential
+    softmax_norm = rule.normalization == "softmax"
+    kernel_fn = None if exponential else ti.func(rule.kernel)
+    potential_fn = ti.func(rule.potential) if (rule.potential is not None and not exponential) else None
+    with_potential = potential_fn is not None
+    NEG_BIG = -3.0e38 if dtype == "float32" else -1.0e300
+    T = THREADS
+    RT = rows_per_thread(r, rv)
+    BK = key_tile(r, rv, 4 if dtype == "float32" else 8)
+    loads_k, loads_u = -(-BK * r // T), -(-BK * rv // T)  # shared-memory stores per thread
+    arr1 = ti.types.ndarray(dtype=real, ndim=1)
+    arr4 = ti.types.ndarray(dtype=real, ndim=4)
+
+    @ti.func
+    def c(value):
+        return ti.cast(value, real)
+
+    @ti.kernel
+    def pair(q: arr4, k: arr4, u: arr4, beta: arr1, g: arr4, row: arr4, observe: ti.template()):
+        """g_i = sum_j w_ij u_j, normalised; with observe, row energies and entropies (as
+        ``KernelSet.pair``), keys staged tile by tile in shared memory."""
+        R, n = q.shape[0], q.shape[2]
+        n_row_tiles = (n + T * RT - 1) // (T * RT)
+        n_key_tiles = (n + BK - 1) // BK
+        ti.loop_config(block_dim=T)
+        for t in range(R * H * n_row_tiles * T):
+            tid = t % T  # the thread's place in its block (the loop is cut into blocks of T)
+            bh = t // (T * n_row_tiles)
+            b, h = bh // H, bh % H
+            first = (t // T) % n_row_tiles * T * RT + tid  # rows first + s T, s < RT
+            k_tile = ti.simt.block.SharedArray((BK * r,), real)
+            u_tile = ti.simt.block.SharedArray((BK * rv,), real)
+            qi = ti.Matrix.zero(real, RT, r)
+            for s in ti.static(range(RT)):
+                if first + s * T < n:  # rows past n pad the last block: they load, wait, write nothing
+                    for a in ti.static(range(r)):
+                        qi[s, a] = q[b, h, first + s * T, a] * beta[b]
+            acc = ti.Matrix.zero(real, RT, rv)
+            m = ti.Vector([c(NEG_BIG)] * RT)  # running maximum of z (exponential rules)
+            wsum = ti.Vector.zero(real, RT)   # sum of (shifted) kernel weights
+            ent = ti.Vector.zero(real, RT)    # entropy accumulator
+            pot = ti.Vector.zero(real, RT)    # row sum of the potential (non-exponential rules)
+            for kt in range(n_key_tiles):
+                j0 = kt * BK
+                # (if statements, not `a if c else b`: Taichi evaluates both sides of that)
+                for s in ti.static(range(loads_k)):
+                    idx = s * T + tid
+                    if idx < BK * r:
+                        value = c(0)
+                        if j0 + idx // r < n:
+                            value = k[b, h, j0 + idx // r, idx % r]
+                        k_tile[idx] = value
+                for s in ti.static(range(loads_u)):
+                    idx = s * T + tid
+                    if idx < BK * rv:
+                        value = c(0)
+                        if j0 + idx // rv < n:
+                            value = u[b, h, j0 + idx // rv, idx % rv]
+                        u_tile[idx] = value
+                ti.simt.block.sync()
+                for jj in range(ti.min(BK, n - j0)):
+                    kj = ti.Vector.zero(real, r)  # k_j, u_j in registers when they serve several rows
+                    uj = ti.Vector.zero(real, rv)
+                    if ti.static(RT > 1):
+                        for a in ti.static(range(r)):
+                            kj[a] = k_tile[jj * r + a]
+                        for a in ti.static(range(rv)):
+                            uj[a] = u_tile[jj * rv + a]
+                    for s in ti.static(range(RT)):
+                        z = c(0)
+                        for a in ti.static(range(r)):
+                            if ti.static(RT > 1):
+                                z += qi[s, a] * kj[a]
+                            else:
+                                z += qi[s, a] * k_tile[jj * r + a]
+                        w = c(0)
+                        if ti.static(exponential):
+                            if z > m[s]:
+                                scale = ti.exp(m[s] - z)
+                                if ti.static(observe):
+                                    ent[s] = scale * (ent[s] + (m[s] - z) * wsum[s])
+                                wsum[s] *= scale
+                                for a in ti.static(range(rv)):
+                                    acc[s, a] *= scale
+                                m[s] = z
+                            w = ti.exp(z - m[s])
+                            if ti.static(observe):
+                                ent[s] += w * (z - m[s])
+                        else:
+                            w = c(kernel_fn(z))
+                            if ti.static(observe):
+                                if w > 0:
+                                    ent[s] += w * ti.log(w)
+                                if ti.static(with_potential):
+                                    pot[s] += c(potential_fn(z))
+                        wsum[s] += w
+                        for a in ti.static(range(rv)):
+                            if ti.static(RT > 1):
+                                acc[s, a] += w * uj[a]
+                            else:
+                                acc[s, a] += w * u_tile[jj * rv + a]
+                ti.simt.block.sync()  # the tile is read by all before the next one lands
+            for s in ti.static(range(RT)):
+                i = first + s * T
+                if i < n:
+                    norm = c(0)
+                    if ti.static(softmax_norm):
+                        if wsum[s] > 0:
+                            norm = c(1) / wsum[s]
+                    else:
+                        if ti.static(exponential):
+                            norm = ti.exp(m[s]) / c(n)
+                        else:
+                            norm = c(1) / c(n)
+                    for a in ti.static(range(rv)):
+                        g[b, h, i, a] = acc[s, a] * norm
+                    if ti.static(observe):
+                        row[b, h, i, 0] = m[s]
+                        row[b, h, i, 1] = wsum[s]
+                        entropy = c(0)
+                        if wsum[s] > 0:
+                            entropy = ti.log(wsum[s]) - ent[s] / wsum[s]
+                        row[b, h, i, 2] = entropy
+                        if ti.static(exponential):
+                            row[b, h, i, 3] = m[s] + ti.log(wsum[s])
+                        else:
+                            row[b, h, i, 3] = pot[s]
+
+    return pair
