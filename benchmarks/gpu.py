@@ -14,8 +14,8 @@ Timing: the Simulation compiles and warms up when built (compile time excluded),
 ``time_per_call`` of step.py (best of about five blocks, ``ti.sync()`` around each block).
 FLOPs per step, counted as multiply-adds x 2 (exp and the observables not counted):
     pair  2 H n^2 (r + rv),  project 2 H n d (2 r + rv),  head_out 2 H n rv d.
-The FP32 peak is looked up by device name (CUDA: nvidia-smi; torch when present) in
-PEAK_FP32_TFLOPS, or given with --peak-tflops. Device memory: the bytes of every array the
+The FP32 peak is looked up by device name (Vulkan: as Taichi reports it; CUDA: nvidia-smi)
+in PEAK_FP32_TFLOPS, or given with --peak-tflops. Device memory: the bytes of every array the
 Simulation allocated ("arrays"), and on CUDA the process's memory as nvidia-smi reports it.
 """
 from __future__ import annotations
@@ -52,16 +52,14 @@ def step_flops(n, d, H, r, rv):
 
 
 def device_name(arch: str) -> str | None:
+    from particles import backend
+    if backend.device_name():  # Vulkan: as Taichi reported it
+        return backend.device_name()
     if arch == "cuda" and shutil.which("nvidia-smi"):
         out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                              capture_output=True, text=True)
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip().splitlines()[0]
-    if arch == "vulkan" and shutil.which("vulkaninfo"):
-        out = subprocess.run(["vulkaninfo", "--summary"], capture_output=True, text=True)
-        for line in out.stdout.splitlines():
-            if "deviceName" in line:
-                return line.split("=", 1)[1].strip()
     return None
 
 

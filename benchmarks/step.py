@@ -338,6 +338,32 @@ def print_table(records):
               f"{fmt(r.get('max_abs_diff_vs_numpy'), '8.1e')}", flush=True)
 
 
+def markdown(run):
+    """The README's tables (markdown) from one saved run."""
+    meta = run["meta"]
+    out = [f"Measured {meta['date']} on {meta['cpu_model']} ({meta['cpus']} cores, "
+           f"{meta['vector_width_bits']}-bit vectors; SGEMM {meta['sgemm_gflops']:.0f} GFLOP/s, "
+           f"exp {meta['exp_g_per_s']:.1f} G/s in this run), torch {meta['torch_version'] or 'absent'}.",
+           "", "| n | d | H | path | engine us/step | steps/s | tiled path | NumPy RK4 loop | NumPy / engine |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in run.get("small", []):
+        out.append(f"| {r['n']} | {r['d']} | {r['H']} | {r['path']} | {r['engine_us_per_step']:.0f} | "
+                   f"{r['engine_steps_per_s']:.0f} | {r['tiled_us_per_step']:.0f} | "
+                   f"{fmt(r.get('numpy_us_per_step'), '.0f')} | {fmt(r.get('numpy_over_engine'), '.1f')}x |")
+    out += ["", "| n | d | H | heads | engine ms | with observables | NumPy ms | torch SDPA ms | bound ms "
+            "| engine / torch | engine / bound | RSS growth engine / NumPy / torch MiB |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in run["results"]:
+        heads = "full" if r["structure"] == "full" else f"rank {r['r']}"
+        out.append(f"| {r['n']} | {r['d']} | {r['H']} | {heads} | {fmt(r.get('engine_ms'), '.1f')} | "
+                   f"{fmt(r.get('engine_obs_ms'), '.1f')} | {fmt(r.get('numpy_ms'), '.1f')} | "
+                   f"{fmt(r.get('torch_ms'), '.1f')} | {fmt(r.get('bound_ms'), '.1f')} | "
+                   f"{fmt(r.get('engine_over_torch'), '.2f')} | {fmt(r.get('engine_over_bound'), '.2f')} | "
+                   f"{fmt(r.get('mem_engine_mib'), '.0f')} / {fmt(r.get('mem_numpy_mib'), '.0f')} / "
+                   f"{fmt(r.get('mem_torch_mib'), '.0f')} |")
+    return "\n".join(out)
+
+
 def parse_size(text):
     parts = tuple(int(p) for p in text.replace("x", ",").split(","))
     if len(parts) != 3:
@@ -357,8 +383,12 @@ def main(argv=None):
     ap.add_argument("--no-numpy", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--table", nargs="+", metavar="JSON", help="print the tables of saved runs")
+    ap.add_argument("--markdown", metavar="JSON", help="print a saved run as the README's markdown tables")
     ap.add_argument("--child", nargs=6, metavar=("IMPL", "N", "D", "H", "R", "RV"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(Path(args.markdown).read_text())))
+        return
     if args.table:
         runs = [json.loads(Path(path).read_text()) for path in args.table]
         for run in runs:

@@ -5,8 +5,9 @@ first request fixes the arch and later requests must agree with it. A GPU that
 was asked for and is not there is an error, never a silent fallback to CPU.
 
 ``gpu`` probes CUDA, then Vulkan, then Metal (macOS only) and takes the first whose
-device initialises and runs a test kernel; ``auto`` does the same and takes the CPU
-when none works. Vulkan and Metal compile through SPIR-V, whose code generator in
+device initialises and runs a test kernel; ``auto`` does the same but passes over a
+software Vulkan device (Mesa's llvmpipe, SwiftShader: slower than the CPU path), and
+takes the CPU when no GPU works. Vulkan and Metal compile through SPIR-V, whose code generator in
 Taichi has no 64-bit exp/log (and Metal no float64 at all): there, float literals
 default to float32, device reductions accumulate in float32, and dtype float64 is
 refused (``check_dtype``).
@@ -14,13 +15,17 @@ refused (``check_dtype``).
 
 import contextlib
 import io
+import os
+import re
 import sys
+import tempfile
 
 import numpy as np
 import taichi as ti
 
 ARCH_CHOICES = ("cpu", "gpu", "auto")
 SPIRV_ARCHES = ("vulkan", "metal", "opengl")
+SOFTWARE_DEVICES = ("llvmpipe", "lavapipe", "SwiftShader")  # Vulkan on the CPU
 
 _active: dict[str, str] = {}
 
@@ -67,22 +72,52 @@ def _device_runs() -> bool:
     return bool(np.allclose(got, np.sqrt(np.arange(64)) + 1, rtol=1e-6))
 
 
-def _probe_gpu() -> tuple[str | None, list[str]]:
-    """Initialise the first GPU that runs a kernel; (its name or None, why the others did not)."""
+@contextlib.contextmanager
+def _stderr_fd_captured(into: list):
+    """Taichi's C++ log goes to file descriptor 2: catch it there (appended to `into`)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            into.append(tmp.read().decode(errors="replace"))
+
+
+def _init_quietly(gpu, name: str) -> str:
+    """ti.init on one GPU arch with its log captured; returns the Vulkan device's name, if any
+    (Taichi reports it only in its trace log)."""
+    log: list[str] = []
+    level = ti.TRACE if name == "vulkan" else ti.ERROR  # ERROR: no "falling back" warning
+    with _stderr_fd_captured(log):
+        ti.init(arch=gpu, **{**_options(name), "log_level": level})
+        ti.set_logging_level(ti.WARN)
+    found = re.search(r'Vulkan Device "([^"]+)"', log[0])
+    return found.group(1) if found else ""
+
+
+def _probe_gpu(skip_software: bool) -> tuple[str | None, str, list[str]]:
+    """Initialise the first GPU that runs a kernel: (its arch or None, its device name, why
+    the others were not taken)."""
     tried = []
     for gpu, name in _gpu_candidates():
         # ti.gpu (and enable_fallback=False) segfault inside Taichi 1.7 where no GPU driver
         # exists; ti.cuda / ti.vulkan fall back to CPU cleanly, and we check what was chosen.
-        ti.init(arch=gpu, **{**_options(name), "log_level": ti.ERROR})  # no fallback warning
-        ti.set_logging_level(ti.WARN)
+        device = _init_quietly(gpu, name)
         running = _arch_name(ti.lang.impl.current_cfg().arch)
         if running == "cpu":
             tried.append(f"{name}: no usable device or driver")
+        elif skip_software and any(soft.lower() in device.lower() for soft in SOFTWARE_DEVICES):
+            tried.append(f"{name}: only the software device {device!r}")
         elif _device_runs():
-            return running, tried
+            return running, device, tried
         else:
             tried.append(f"{name}: the device initialised but could not run a test kernel")
-    return None, tried
+    return None, "", tried
 
 
 def init(arch: str = "cpu") -> str:
@@ -97,11 +132,12 @@ def init(arch: str = "cpu") -> str:
                 f"{_active['requested']!r}); a run asking for {arch!r} needs a new process")
         return running
     with contextlib.redirect_stdout(io.StringIO()):  # "[Taichi] Starting on arch=...": we report it
+        device = ""
         if arch == "cpu":
             ti.init(arch=ti.cpu, **_options("cpu"))
             running = "cpu"
         else:
-            running, tried = _probe_gpu()
+            running, device, tried = _probe_gpu(skip_software=arch == "auto")
             if running is None:
                 if arch == "gpu":
                     probed = "CUDA/Vulkan/Metal" if sys.platform == "darwin" else "CUDA/Vulkan"
@@ -111,13 +147,18 @@ def init(arch: str = "cpu") -> str:
                         "when one works)")
                 ti.init(arch=ti.cpu, **_options("cpu"))
                 running = "cpu"
-    _active.update(arch=running, requested=arch)
+    _active.update(arch=running, requested=arch, device=device)
     return running
 
 
 def active_arch() -> str | None:
     """The arch Taichi runs on in this process, or None before the first init."""
     return _active.get("arch")
+
+
+def device_name() -> str:
+    """The GPU's name where Taichi reports it (Vulkan), else ''."""
+    return _active.get("device", "")
 
 
 def is_gpu(arch: str | None = None) -> bool:

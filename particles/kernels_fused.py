@@ -21,7 +21,7 @@ Layout per replica b (e < d, a < rank, jl < nbl groups of L tokens, npad = nbl L
     gv       (R, H, rv, nbl)         normalised pulls g_i = sum_j w_ij u_j
     fv       (R, H, d, nbl)          head outputs f^h_i = O_h g_i
     rowv     (R, H, 3, nbl)          per token: row entropy, row energy, radial shadow a^h_i
-    zs       (R, n)                  the scores of L rows against every column
+    zs       (R, TRF, n)             the scores of TRF L rows against every column
     mask     (nbl)                   1 for a token, 0 for padding
 """
 
@@ -39,6 +39,7 @@ from .kernels import SLOTS_PER_HEAD, n_tok_slots
 FUSED_MAX_N = 256
 FUSED_MAX_RANK = 32
 PATHS = ("auto", "fused", "tiled")
+TRF = 2        # row vectors per register tile of the pair pass
 CLAMP = -30.0  # float32 weights below e^-30 relative to the row maximum are rounded up to it
 
 
@@ -69,6 +70,7 @@ class FusedSteps:
         L = 16 if dtype == "float32" else 8
         self.L, self.n = L, n
         nbl = -(-n // L)
+        nblp = -(-nbl // TRF) * TRF  # row groups padded to whole register tiles (zero rows)
         vec = ti.types.vector(L, real)
         self.kernel = _fused_kernel(rule, geometry, dtype, d, H, r, rv, integrator, L)
 
@@ -76,12 +78,12 @@ class FusedSteps:
             return ti.ndarray(vec, shape=shape)
 
         self.xt, self.st, self.kt, self.at = (varr(R, d, nbl) for _ in range(4))
-        self.qv, self.gv = varr(R, H, r, nbl), varr(R, H, rv, nbl)
+        self.qv, self.gv = varr(R, H, r, nblp), varr(R, H, rv, nblp)
         self.ks = ti.ndarray(real, shape=(R, H, n, r))
         self.us = ti.ndarray(real, shape=(R, H, n, rv))
         self.fv = varr(R, H, d, nbl)
-        self.rowv = varr(R, H, 3, nbl)  # entropy, row energy, radial a^h
-        self.zs = varr(R, n)
+        self.rowv = varr(R, H, 3, nblp)  # entropy, row energy, radial a^h
+        self.zs = varr(R, TRF, n)
         self.mask = varr(nbl)
         import numpy as np
         m = (np.arange(nbl * L) < n).astype(np.float32 if dtype == "float32" else np.float64)
@@ -167,7 +169,6 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
     arr4 = ti.types.ndarray(dtype=real, ndim=4)
     f64arr4 = ti.types.ndarray(dtype=ti.f64, ndim=4)
     v1 = ti.types.ndarray(dtype=vec, ndim=1)
-    v2 = ti.types.ndarray(dtype=vec, ndim=2)
     v3 = ti.types.ndarray(dtype=vec, ndim=3)
     v4 = ti.types.ndarray(dtype=vec, ndim=4)
     c, splat, vabs, exp_clamped = vector_helpers(real, L)
@@ -204,73 +205,84 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                     for k in range(L):
                         if jl * L + k < n:
                             us[b, h, jl * L + k, a] = su[k]
-        # the pair pass: L rows at a time (one per lane) against one column j at a time, so
-        # no reduction ever crosses lanes; scores first (for the row maxima), then weights
+        # the pair pass: TRF x L rows at a time (one per lane of TRF vectors) against one
+        # column j at a time, so no reduction ever crosses lanes and each broadcast of k_j, u_j
+        # serves TRF vectors; scores first (for the row maxima), then weights
         for h in range(H):
-            for il in range(nbl):
-                qa = [qv[b, h, a, il] for a in ti.static(range(r))]
-                acc = [splat(0) for _ in ti.static(range(rv))]
-                wsum = splat(0)
-                ent = splat(0)
-                pot = splat(0)
-                m = splat(0)
+            for ip in range(qv.shape[3] // TRF):
+                il0 = ip * TRF
+                qa = [[qv[b, h, a, il0 + t] for a in ti.static(range(r))] for t in ti.static(range(TRF))]
+                acc = [[splat(0) for _ in ti.static(range(rv))] for _ in ti.static(range(TRF))]
+                wsum = [splat(0) for _ in ti.static(range(TRF))]
+                ent = [splat(0) for _ in ti.static(range(TRF))]
+                pot = [splat(0) for _ in ti.static(range(TRF))]
+                m = [splat(0) for _ in ti.static(range(TRF))]
                 if ti.static(exponential):
-                    top = splat(NEG_BIG)
+                    top = [splat(NEG_BIG) for _ in ti.static(range(TRF))]
                     for j in range(n):
-                        z = splat(0)
-                        for a in ti.static(range(r)):
-                            z += qa[a] * ks[b, h, j, a]
-                        zs[b, j] = z
-                        top = ti.max(top, z)
-                    m = top
+                        kj = [ks[b, h, j, a] for a in ti.static(range(r))]
+                        for t in ti.static(range(TRF)):
+                            z = splat(0)
+                            for a in ti.static(range(r)):
+                                z += qa[t][a] * kj[a]
+                            zs[b, t, j] = z
+                            top[t] = ti.max(top[t], z)
+                    for t in ti.static(range(TRF)):
+                        m[t] = top[t]
                     for j in range(n):
-                        zc = zs[b, j] - m
-                        if ti.static(f32):
-                            zc = ti.max(zc, c(CLAMP))
-                        w = exp_clamped(zc)
-                        wsum += w
-                        ent += w * zc
-                        for a in ti.static(range(rv)):
-                            acc[a] += w * us[b, h, j, a]
+                        uj = [us[b, h, j, a] for a in ti.static(range(rv))]
+                        for t in ti.static(range(TRF)):
+                            zc = zs[b, t, j] - m[t]
+                            if ti.static(f32):
+                                zc = ti.max(zc, c(CLAMP))
+                            w = exp_clamped(zc)
+                            wsum[t] += w
+                            ent[t] += w * zc
+                            for a in ti.static(range(rv)):
+                                acc[t][a] += w * uj[a]
                 else:
                     for j in range(n):
-                        z = splat(0)
-                        for a in ti.static(range(r)):
-                            z += qa[a] * ks[b, h, j, a]
-                        w = splat(0)
-                        for k in range(L):
-                            w[k] = c(kernel_fn(z[k]))
-                        wsum += w
-                        for a in ti.static(range(rv)):
-                            acc[a] += w * us[b, h, j, a]
-                        if observe:
+                        kj = [ks[b, h, j, a] for a in ti.static(range(r))]
+                        uj = [us[b, h, j, a] for a in ti.static(range(rv))]
+                        for t in ti.static(range(TRF)):
+                            z = splat(0)
+                            for a in ti.static(range(r)):
+                                z += qa[t][a] * kj[a]
+                            w = splat(0)
                             for k in range(L):
-                                if w[k] > 0:
-                                    ent[k] += w[k] * ti.log(w[k])
-                                if ti.static(with_potential):
-                                    pot[k] += c(potential_fn(z[k]))
-                norm = splat(0)
-                for k in range(L):
-                    if ti.static(softmax_norm):
-                        if wsum[k] > 0:
-                            norm[k] = c(1) / wsum[k]
-                    elif ti.static(exponential):
-                        norm[k] = ti.exp(m[k]) / c(n)
-                    else:
-                        norm[k] = c(1) / c(n)
-                for a in ti.static(range(rv)):
-                    gv[b, h, a, il] = acc[a] * norm
-                if observe:
-                    entropy = splat(0)
-                    energy = pot
+                                w[k] = c(kernel_fn(z[k]))
+                            wsum[t] += w
+                            for a in ti.static(range(rv)):
+                                acc[t][a] += w * uj[a]
+                            if observe:
+                                for k in range(L):
+                                    if w[k] > 0:
+                                        ent[t][k] += w[k] * ti.log(w[k])
+                                    if ti.static(with_potential):
+                                        pot[t][k] += c(potential_fn(z[k]))
+                for t in ti.static(range(TRF)):
+                    norm = splat(0)
                     for k in range(L):
-                        if wsum[k] > 0:
-                            lw = ti.log(wsum[k])
-                            entropy[k] = lw - ent[k] / wsum[k]
-                            if ti.static(exponential):
-                                energy[k] = m[k] + lw
-                    rowv[b, h, 0, il] = entropy
-                    rowv[b, h, 1, il] = energy
+                        if ti.static(softmax_norm):
+                            if wsum[t][k] > 0:
+                                norm[k] = c(1) / wsum[t][k]
+                        elif ti.static(exponential):
+                            norm[k] = ti.exp(m[t][k]) / c(n)
+                        else:
+                            norm[k] = c(1) / c(n)
+                    for a in ti.static(range(rv)):
+                        gv[b, h, a, il0 + t] = acc[t][a] * norm
+                    if observe:
+                        entropy = splat(0)
+                        energy = pot[t]
+                        for k in range(L):
+                            if wsum[t][k] > 0:
+                                lw = ti.log(wsum[t][k])
+                                entropy[k] = lw - ent[t][k] / wsum[t][k]
+                                if ti.static(exponential):
+                                    energy[k] = m[t][k] + lw
+                        rowv[b, h, 0, il0 + t] = entropy
+                        rowv[b, h, 1, il0 + t] = energy
         # head outputs f = O g, their sum, the tangent projection, L tokens at a time
         for jl in range(nbl):
             yv = [y[b, e, jl] for e in ti.static(range(d))]
@@ -377,7 +389,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
     @ti.kernel
     def fused(x: arr3, Qf: arr3, Kf: arr3, Wf: arr3, Of: arr3, beta: arr1, xdot: arr3, tok: arr3,
               red: f64arr4, sumx: f64arr4, xt: v3, st: v3, kt: v3, at: v3, qv: v4, ks: arr4, us: arr4,
-              gv: v4, fv: v4, rowv: v4, zs: v2, mask: v1, dt: real, steps: ti.i32,
+              gv: v4, fv: v4, rowv: v4, zs: v3, mask: v1, dt: real, steps: ti.i32,
               observe_every: ti.i32, start_step: ti.i32, observe_now: ti.i32, slot0: ti.i32):
         """``steps`` steps of every replica (or, with steps = 0, xdot at the current state).
         One evaluation site in a loop over (step, stage): each inlined copy costs compile time."""

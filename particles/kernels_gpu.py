@@ -1,6 +1,10 @@
 """Kernels shaped for a GPU (CUDA, Vulkan, Metal): chosen by ``kernels.KernelSet`` when the
 active arch is not the CPU.
 
+``TiledHeads``: the pair pass, the only O(n^2) work, with key tiles staged in shared memory
+and several query rows per thread (see the section below); project and head_out are the
+plain parallel kernels of ``KernelSet``.
+
 ``Reduce``: the column reductions over tokens of the observables as per-chunk partials
 (one thread per (replica, column, chunk of CHUNK tokens)) and a finish over the chunks
 (one thread per (replica, column)): parallel, no loop over n on a single thread, and a
@@ -111,20 +115,30 @@ def _reduce_kernels(n_slots: int, d: int, slots_per_head: int, slot_row_energy: 
 
 # -- the tiled pair pass -------------------------------------------------------------------
 #
-# One thread per query row i, BLOCK_ROWS rows per thread block. The block walks the keys in
-# tiles of `key_tile` tokens: its threads load the tile's k_j and u_j together into shared
-# memory (coalesced: consecutive threads, consecutive components), wait, and each thread
-# then sweeps the tile from shared memory with its own beta q_i and accumulators in
-# registers (online softmax, as the CPU path). Each thread writes only its own row:
-# gather, no atomics, the same summation order on every run.
-BLOCK_ROWS = 64
+# THREADS per thread block, each owning `rows_per_thread` query rows i (strided by THREADS,
+# so that neighbouring threads touch neighbouring rows). The block walks the keys in tiles
+# of `key_tile` tokens: its threads load the tile's k_j and u_j together into shared memory
+# (coalesced: consecutive threads, consecutive components), wait, and each thread then
+# sweeps the tile with its rows' beta q_i and accumulators in registers (online softmax, as
+# the CPU path); one shared-memory read of k_j, u_j serves all of a thread's rows. Each
+# thread writes only its own rows: gather, no atomics, one summation order on every run.
+THREADS = 64
 SHARED_BYTES = 16384  # shared memory per block that every Vulkan device guarantees
+REGISTER_FLOATS = 128  # q and accumulator floats per thread, rows_per_thread (r + rv)
+
+
+MAX_KEY_TILE = 64  # keys per tile at most: more blocks fit on a multiprocessor at a time
 
 
 def key_tile(r: int, rv: int, itemsize: int) -> int:
-    """Keys per shared-memory tile: the largest power of two (at most 256) whose k and u fit."""
-    fit = max(1, SHARED_BYTES // (itemsize * (r + rv)))
-    return 1 << min(8, fit.bit_length() - 1)
+    """Keys per shared-memory tile: the largest power of two up to MAX_KEY_TILE whose k and u fit."""
+    fit = min(MAX_KEY_TILE, max(1, SHARED_BYTES // (itemsize * (r + rv))))
+    return 1 << (fit.bit_length() - 1)
+
+
+def rows_per_thread(r: int, rv: int) -> int:
+    """4, 2 or 1 rows per thread, as many as keep q and the accumulators in registers."""
+    return next(k for k in (4, 2, 1) if k * (r + rv) <= REGISTER_FLOATS or k == 1)
 
 
 class TiledHeads:
@@ -144,7 +158,7 @@ class TiledHeads:
 def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
     """Features (see ``kernels.Features``): a block walks only the key tiles that meet the
     union of its rows' bands (a causal block stops at its last row: about half the tiles),
-    and each row only its own band inside them."""
+    and each row only the keys of its own band inside them."""
     real = ti.f32 if dtype == "float32" else ti.f64
     banded, biased, head_beta, filtered = (features.banded, features.biased, features.head_beta,
                                            features.filtered)
@@ -155,9 +169,10 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
     potential_fn = ti.func(rule.potential) if (rule.potential is not None and not exponential) else None
     with_potential = potential_fn is not None
     NEG_BIG = -3.0e38 if dtype == "float32" else -1.0e300
-    BQ = BLOCK_ROWS
+    T = THREADS
+    RT = rows_per_thread(r, rv)
     BK = key_tile(r, rv, 4 if dtype == "float32" else 8)
-    loads_k, loads_u = -(-BK * r // BQ), -(-BK * rv // BQ)  # shared-memory stores per thread
+    loads_k, loads_u = -(-BK * r // T), -(-BK * rv // T)  # shared-memory stores per thread
     arr1 = ti.types.ndarray(dtype=real, ndim=1)
     arr2 = ti.types.ndarray(dtype=real, ndim=2)
     arr4 = ti.types.ndarray(dtype=real, ndim=4)
@@ -173,119 +188,142 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
         """g_i = sum_j w_ij u_j, normalised; with observe, row energies and entropies (as
         ``KernelSet.pair``), keys staged tile by tile in shared memory."""
         R, n = q.shape[0], q.shape[2]
-        n_row_tiles = (n + BQ - 1) // BQ
+        n_row_tiles = (n + T * RT - 1) // (T * RT)
         n_key_tiles = (n + BK - 1) // BK
-        ti.loop_config(block_dim=BQ)
-        for t in range(R * H * n_row_tiles * BQ):
-            tid = t % BQ  # the thread's place in its block (the loop is cut into blocks of BQ)
-            bh = t // (BQ * n_row_tiles)
+        ti.loop_config(block_dim=T)
+        for t in range(R * H * n_row_tiles * T):
+            tid = t % T  # the thread's place in its block (the loop is cut into blocks of T)
+            bh = t // (T * n_row_tiles)
             b, h = bh // H, bh % H
-            i = (t // BQ) % n_row_tiles * BQ + tid
-            valid = i < n  # rows past n pad the last block: they load and wait, write nothing
+            first = (t // T) % n_row_tiles * T * RT + tid  # rows first + s T, s < RT
             k_tile = ti.simt.block.SharedArray((BK * r,), real)
             u_tile = ti.simt.block.SharedArray((BK * rv,), real)
             bt = beta[b]
             if ti.static(head_beta):
                 if hreal[h, 1] > 0:
                     bt = hreal[h, 1]
-            qi = ti.Vector.zero(real, r)
-            if valid:
-                for a in ti.static(range(r)):
-                    qi[a] = q[b, h, i, a] * bt
-            acc = ti.Vector.zero(real, rv)
-            m = c(NEG_BIG)       # running maximum of z (exponential rules)
-            wsum = c(0)          # sum of (shifted) kernel weights
-            ent = c(0)           # entropy accumulator
-            pot = c(0)           # row sum of the potential (non-exponential rules)
-            # key tiles this block walks (uniform over the block: it syncs), and this row's band
+            qi = ti.Matrix.zero(real, RT, r)
+            for s in ti.static(range(RT)):
+                if first + s * T < n:  # rows past n pad the last block: they load, wait, write nothing
+                    for a in ti.static(range(r)):
+                        qi[s, a] = q[b, h, first + s * T, a] * bt
+            acc = ti.Matrix.zero(real, RT, rv)
+            m = ti.Vector([c(NEG_BIG)] * RT)  # running maximum of z (exponential rules)
+            wsum = ti.Vector.zero(real, RT)   # sum of (shifted) kernel weights
+            ent = ti.Vector.zero(real, RT)    # entropy accumulator
+            pot = ti.Vector.zero(real, RT)    # row sum of the potential (non-exponential rules)
+            # the key tiles this block walks (uniform over the block: it syncs)
             kt_lo, kt_hi = 0, n_key_tiles
-            j_lo, j_hi = 0, n
+            below, above = 0, 0
             if ti.static(banded):
-                i0 = i - tid
-                i1 = ti.min(i0 + BQ, n) - 1
-                kt_lo = ti.max(0, i0 - hint[h, 0]) // BK
-                kt_hi = (ti.min(n, i1 + hint[h, 1] + 1) + BK - 1) // BK
-                j_lo = ti.max(0, i - hint[h, 0])
-                j_hi = ti.min(n, i + hint[h, 1] + 1)
+                below, above = hint[h, 0], hint[h, 1]
+                block_first = first - tid
+                block_last = ti.min(block_first + T * RT, n) - 1
+                kt_lo = ti.max(0, block_first - below) // BK
+                kt_hi = (ti.min(n, block_last + above + 1) + BK - 1) // BK
+            serve = True
             if ti.static(filtered):
                 if hint[h, 2] == 0:  # another rule's pass serves this head (uniform per block)
                     kt_hi = kt_lo
-                    valid = False
+                    serve = False
             for kt in range(kt_lo, kt_hi):
                 j0 = kt * BK
                 # (if statements, not `a if c else b`: Taichi evaluates both sides of that)
                 for s in ti.static(range(loads_k)):
-                    idx = s * BQ + tid
+                    idx = s * T + tid
                     if idx < BK * r:
                         value = c(0)
                         if j0 + idx // r < n:
                             value = k[b, h, j0 + idx // r, idx % r]
                         k_tile[idx] = value
                 for s in ti.static(range(loads_u)):
-                    idx = s * BQ + tid
+                    idx = s * T + tid
                     if idx < BK * rv:
                         value = c(0)
                         if j0 + idx // rv < n:
                             value = u[b, h, j0 + idx // rv, idx % rv]
                         u_tile[idx] = value
                 ti.simt.block.sync()
-                for jj in range(ti.max(0, j_lo - j0), ti.min(BK, j_hi - j0)):
-                    z = c(0)
-                    for a in ti.static(range(r)):
-                        z += qi[a] * k_tile[jj * r + a]
-                    if ti.static(biased):
-                        z -= hreal[h, 0] * c(ti.abs(i - (j0 + jj)))
-                    w = c(0)
-                    if ti.static(exponential):
-                        if z > m:
-                            scale = ti.exp(m - z)
-                            if ti.static(observe):
-                                ent = scale * (ent + (m - z) * wsum)
-                            wsum *= scale
-                            acc *= scale
-                            m = z
-                        w = ti.exp(z - m)
-                        if ti.static(observe):
-                            ent += w * (z - m)
-                    else:
-                        if ti.static(positional):
-                            w = c(kernel_fn(z, i, j0 + jj, n))
-                        else:
-                            w = c(kernel_fn(z))
-                        if ti.static(observe):
-                            if w > 0:
-                                ent += w * ti.log(w)
-                            if ti.static(with_potential):
-                                pot += c(potential_fn(z))
-                    wsum += w
-                    for a in ti.static(range(rv)):
-                        acc[a] += w * u_tile[jj * rv + a]
+                for jj in range(ti.min(BK, n - j0)):
+                    kj = ti.Vector.zero(real, r)  # k_j, u_j in registers when they serve several rows
+                    uj = ti.Vector.zero(real, rv)
+                    if ti.static(RT > 1):
+                        for a in ti.static(range(r)):
+                            kj[a] = k_tile[jj * r + a]
+                        for a in ti.static(range(rv)):
+                            uj[a] = u_tile[jj * rv + a]
+                    for s in ti.static(range(RT)):
+                        i_s = first + s * T
+                        j = j0 + jj
+                        seen = True
+                        if ti.static(banded):  # the row's own band
+                            seen = j >= i_s - below and j <= i_s + above
+                        if seen:
+                            z = c(0)
+                            for a in ti.static(range(r)):
+                                if ti.static(RT > 1):
+                                    z += qi[s, a] * kj[a]
+                                else:
+                                    z += qi[s, a] * k_tile[jj * r + a]
+                            if ti.static(biased):
+                                z -= hreal[h, 0] * c(ti.abs(i_s - j))
+                            w = c(0)
+                            if ti.static(exponential):
+                                if z > m[s]:
+                                    scale = ti.exp(m[s] - z)
+                                    if ti.static(observe):
+                                        ent[s] = scale * (ent[s] + (m[s] - z) * wsum[s])
+                                    wsum[s] *= scale
+                                    for a in ti.static(range(rv)):
+                                        acc[s, a] *= scale
+                                    m[s] = z
+                                w = ti.exp(z - m[s])
+                                if ti.static(observe):
+                                    ent[s] += w * (z - m[s])
+                            else:
+                                if ti.static(positional):
+                                    w = c(kernel_fn(z, i_s, j, n))
+                                else:
+                                    w = c(kernel_fn(z))
+                                if ti.static(observe):
+                                    if w > 0:
+                                        ent[s] += w * ti.log(w)
+                                    if ti.static(with_potential):
+                                        pot[s] += c(potential_fn(z))
+                            wsum[s] += w
+                            for a in ti.static(range(rv)):
+                                if ti.static(RT > 1):
+                                    acc[s, a] += w * uj[a]
+                                else:
+                                    acc[s, a] += w * u_tile[jj * rv + a]
                 ti.simt.block.sync()  # the tile is read by all before the next one lands
-            if valid:
-                norm = c(0)
-                if ti.static(softmax_norm):
-                    if wsum > 0:
-                        norm = c(1) / wsum
-                else:
-                    count = c(n)  # mean normalisation: the number of visible keys
-                    if ti.static(banded):
-                        count = c(j_hi - j_lo)
-                    if ti.static(exponential):
-                        norm = ti.exp(m) / count
+            for s in ti.static(range(RT)):
+                i = first + s * T
+                if i < n and serve:
+                    norm = c(0)
+                    if ti.static(softmax_norm):
+                        if wsum[s] > 0:
+                            norm = c(1) / wsum[s]
                     else:
-                        norm = c(1) / count
-                for a in ti.static(range(rv)):
-                    g[b, h, i, a] = acc[a] * norm
-                if ti.static(observe):
-                    row[b, h, i, 0] = m
-                    row[b, h, i, 1] = wsum
-                    entropy = c(0)
-                    if wsum > 0:
-                        entropy = ti.log(wsum) - ent / wsum
-                    row[b, h, i, 2] = entropy
-                    if ti.static(exponential):
-                        row[b, h, i, 3] = m + ti.log(wsum)
-                    else:
-                        row[b, h, i, 3] = pot
+                        count = c(n)  # mean normalisation: the number of visible keys
+                        if ti.static(banded):
+                            count = c(ti.min(n, i + above + 1) - ti.max(0, i - below))
+                        if ti.static(exponential):
+                            norm = ti.exp(m[s]) / count
+                        else:
+                            norm = c(1) / count
+                    for a in ti.static(range(rv)):
+                        g[b, h, i, a] = acc[s, a] * norm
+                    if ti.static(observe):
+                        row[b, h, i, 0] = m[s]
+                        row[b, h, i, 1] = wsum[s]
+                        entropy = c(0)
+                        if wsum[s] > 0:
+                            entropy = ti.log(wsum[s]) - ent[s] / wsum[s]
+                        row[b, h, i, 2] = entropy
+                        if ti.static(exponential):
+                            row[b, h, i, 3] = m[s] + ti.log(wsum[s])
+                        else:
+                            row[b, h, i, 3] = pot[s]
 
     return pair

@@ -102,6 +102,41 @@ def equiangular_time(betas, strengths, n: int, rule: str = "softmax", gamma0: fl
     return out
 
 
+def equiangular_curve(gamma0: float, lambdas, beta: float, n: int, times, rule: str = "softmax",
+                max_step: float = 1e-3) -> np.ndarray:
+    """gamma at the given increasing times (from gamma0 at t = 0) of the equiangular ODE, by classical
+    RK4 with steps <= max_step (an independent check of the engine, which integrates n tokens)."""
+    times = np.asarray(times, dtype=np.float64)
+    out = np.empty(len(times))
+    g, t = float(gamma0), 0.0
+    f = lambda y: float(equiangular_rhs(y, lambdas, beta, n, rule))  # noqa: E731
+    for k, target in enumerate(times):
+        steps = max(1, int(math.ceil((target - t) / max_step - 1e-12))) if target > t else 0
+        h = (target - t) / steps if steps else 0.0
+        for _ in range(steps):
+            k1 = f(g); k2 = f(g + 0.5 * h * k1); k3 = f(g + 0.5 * h * k2); k4 = f(g + h * k3)
+            g += h / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
+        t = target
+        out[k] = g
+    return out
+
+
+def equiangular_escape_time(level: float, gamma0: float, lambdas, beta: float, n: int, rule: str = "softmax",
+                step: float = 1e-3, t_max: float = 1e4) -> float:
+    """First t with gamma(t) >= level (RK4 with a fixed step, linear interpolation; nan if never)."""
+    f = lambda y: float(equiangular_rhs(y, lambdas, beta, n, rule))  # noqa: E731
+    g, t, h = float(gamma0), 0.0, step
+    if g >= level:
+        return 0.0
+    while t < t_max:
+        k1 = f(g); k2 = f(g + 0.5 * h * k1); k3 = f(g + 0.5 * h * k2); k4 = f(g + h * k3)
+        g1 = g + h / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
+        if g1 >= level:
+            return t + h * (level - g) / (g1 - g)
+        g, t = g1, t + h
+    return math.nan
+
+
 def eps_of_tokens(x) -> np.ndarray:
     """eps = 1 - mean pairwise cosine, per replica of x (R, n, d) (the log's ``eps``), in float64."""
     x = np.asarray(x, dtype=np.float64)

@@ -21,9 +21,11 @@ import particles  # noqa: E402
 
 ARCH = os.environ.get("PARTICLES_TEST_ARCH", "gpu")
 TOL = RTOL["float32"]
-# n above one row block of the GPU pair pass and not a multiple of it (partial blocks);
-# N_KEY_TILES spans three shared-memory key tiles (256 keys at these ranks), the last partial
-N, D, N_KEY_TILES = 150, 5, 600
+# The tiled GPU pair pass at these ranks: blocks of 64 threads x 4 rows, key tiles of 64.
+# N = 300 spans two row blocks and five key tiles, the last of each partial; the ensemble's
+# 600 tokens span three row blocks. test_gpu.py adds d = 40 (full heads: one row per thread,
+# key tiles of 32).
+N, D, N_ENSEMBLE = 300, 5, 600
 
 
 def _rule_and_reference(rule: str):
@@ -67,15 +69,15 @@ def _check_row(row, want, H, entropy_rate):
             assert abs(got - value) <= rtol * 10 * max(abs(value), floor), (key, got, value)
 
 
-def engine(rule: str, n: str = str(N)) -> None:
+def engine(rule: str, n: str = str(N), d: str = str(D)) -> None:
     """Velocity, one Euler and one RK4 step, and every observable, on both geometries."""
     name, ref_rule = _rule_and_reference(rule)
-    n = int(n)
+    n, d = int(n), int(d)
     H, beta, dt = 2, 1.2, 0.05
-    heads = general_heads(H, D, seed=3)
+    heads = general_heads(H, d, seed=3)
     exponential = rule in ("exp", "softmax")
     for geometry in ("sphere", "flat"):
-        x = random_tokens(n, D, seed=1)
+        x = random_tokens(n, d, seed=1)
         if geometry == "flat":
             x = x * np.linspace(0.5, 1.5, n)[:, None]
         want_v = ref.velocity(x, heads, beta, ref_rule, geometry)
@@ -99,7 +101,7 @@ def engine(rule: str, n: str = str(N)) -> None:
             sim.advance(1)
             got = sim.tokens
             assert rel_err(got, stepper(x, heads, beta, ref_rule, geometry, dt)) < TOL, (geometry, integrator)
-    print(f"engine {rule} n={n}: ok on {sim.arch}")
+    print(f"engine {rule} n={n} d={d}: ok on {sim.arch}")
 
 
 def ensemble() -> None:
@@ -110,7 +112,7 @@ def ensemble() -> None:
                                          rng.standard_normal((D, 3)), rng.standard_normal((3, D)))
              for _ in range(H)]
     full = [(h.score, h.value) for h in heads]
-    x = np.stack([random_tokens(N_KEY_TILES, D, seed=s) for s in range(R)])
+    x = np.stack([random_tokens(N_ENSEMBLE, D, seed=s) for s in range(R)])
     betas = np.array([0.5, 1.0, 2.0])
     sim = particles.Simulation(x, heads, beta=betas, rule="softmax", dt=dt, integrator="rk4",
                                dtype="float32", arch=ARCH)
@@ -125,11 +127,43 @@ def ensemble() -> None:
     print(f"ensemble: ok on {sim.arch}")
 
 
+def reproducible() -> None:
+    """Two runs from the same state on one device agree bitwise (gather-only writes)."""
+    x = random_tokens(N, D, seed=4)
+    runs = []
+    for _ in range(2):
+        sim = particles.Simulation(x, general_heads(2, D, seed=4), beta=1.5, rule="softmax", dt=0.05,
+                                   integrator="euler", dtype="float32", arch=ARCH)
+        sim.advance(10, observe_every=2)
+        runs.append((sim.native_tokens(), sim.take_rows()))
+    assert np.array_equal(runs[0][0], runs[1][0])
+    assert runs[0][1] == runs[1][1]
+    print(f"reproducible: ok on {sim.arch}")
+
+
+def blow_up() -> None:
+    """A NaN on the device is found, and reported with its step and token (finite_check)."""
+    x = random_tokens(6, 3, 1)
+    sim = particles.Simulation(x, [(np.eye(3), np.eye(3))], beta=1.0, rule="exp", geometry="flat",
+                               dt=50.0, integrator="euler", dtype="float32", arch=ARCH)
+    try:
+        for _ in range(50):
+            sim.advance(1)
+            sim.check_finite()
+    except particles.BlowUpError as err:
+        assert err.step == sim.step_count and "token" in str(err), err
+        bad = ~np.isfinite(sim.native_tokens()[0]).all(axis=-1)
+        assert bad[err.token] and not bad[:err.token].any(), (err.token, bad)
+        print(f"blow_up: ok on {sim.arch}")
+        return
+    raise AssertionError("no blow-up found in 50 steps of dt = 50")
+
+
 def trajectory(out: str, arch: str, steps: str = "200") -> None:
-    """Run `steps` RK4 steps with observables every 10 and save the tokens and the log."""
+    """Run `steps` Euler steps with observables every 10 and save the tokens and the log."""
     x = random_tokens(96, 4, seed=11)
     sim = particles.Simulation(x, general_heads(2, 4, seed=2), beta=2.0, rule="softmax", dt=0.02,
-                               integrator="rk4", dtype="float32", arch=arch)
+                               integrator="euler", dtype="float32", arch=arch)
     sim.advance(int(steps), observe_every=10)
     rows = sim.take_rows()
     keys = sorted(k for k in rows[0] if isinstance(rows[0][k], float))

@@ -1,6 +1,6 @@
 """Independent float64 NumPy reference for the multi-head attention particle model.
 
-This module restates ``shared/MODEL.md`` as plainly as possible, in float64, with
+This module restates ``docs/MODEL.md`` as plainly as possible, in float64, with
 full n x n matrices.  It is the oracle the engine is held against, so it imports
 nothing from ``particles``, ``scenes`` or ``render``; clarity wins over speed.
 

@@ -140,7 +140,10 @@ def cmd_sweep(args) -> int:
 
 def cmd_reproduce(args) -> int:
     from particles.app.reproduce import main as reproduce
-    report = reproduce(quick=args.quick, out_dir=Path(args.out))
+    try:
+        report = reproduce(quick=args.quick, out_dir=Path(args.out), compare=args.compare)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     print(f"report: {report}")
     return 0
 
@@ -255,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "report.md (with figures) and report.json.")
     p.add_argument("--quick", action="store_true", help="small versions (a few minutes)")
     p.add_argument("--out", metavar="DIR", default="reproduce", help="output folder (default: reproduce)")
+    p.add_argument("--compare", metavar="REPORT_JSON",
+                   help="another run's report.json (e.g. the other mode): list every verdict that differs")
     p.set_defaults(func=cmd_reproduce)
 
     p = sub.add_parser("plot", help="summary figure of a run's log, or a sweep's phase diagram")

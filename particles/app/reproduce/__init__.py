@@ -4,7 +4,11 @@
     report = main(quick=True, out_dir=Path("repro"))   # -> repro/report.md (+ report.json, PNGs)
 
 One module per experiment (``e1_energy`` ... ``e8_causal``); each exposes
-``run_experiment(quick, fig_dir) -> common.Result``. Every number in the report comes
+``run_experiment(quick, fig_dir) -> common.Result``, whose checks each carry a verdict
+(agrees / disagrees / outside the theorem's assumptions / cannot decide; ``stats``).
+Helpers: ``stats`` (fits with confidence intervals, bootstrap, verdicts), ``equiangular``
+(the 1-D gamma ODE), ``head_outputs`` (per-token head outputs on the host, for the paper's
+form of Theorem 19's condition). The results themselves are stated in docs/MODEL.md. Every number in the report comes
 from the runs made here (closed forms are evaluated here too, never typed in).
 ``quick`` finishes in a few minutes on two CPU cores; the full run uses larger ensembles
 and grids (up to about an hour).
@@ -21,7 +25,7 @@ from pathlib import Path
 from . import (e1_energy, e2_radial, e3_critical, e4_heterogeneous, e5_relu, e6_entropy,
                e7_near_orthogonal, e8_causal)
 from .common import jsonable
-from .report import write_markdown
+from .report import compare_verdicts, verdict_counts, write_markdown
 
 EXPERIMENTS = [
     ("e1_energy", e1_energy),
@@ -37,9 +41,20 @@ EXPERIMENTS = [
 __all__ = ["main", "EXPERIMENTS"]
 
 
-def main(quick: bool, out_dir: Path, only=None) -> Path:
+def main(quick: bool, out_dir: Path, only=None, compare=None) -> Path:
     """Run the experiments (all, or the keys in ``only``), write report.md, report.json and the
-    figures into ``out_dir``, print one progress line per experiment; return report.md's path."""
+    figures into ``out_dir``, print one progress line per experiment; return report.md's path.
+
+    ``compare``: the report.json of another run (e.g. the other mode); the report then lists every
+    check whose verdict differs from it (the quick and full modes must reach the same verdicts).
+    """
+    other = None
+    if compare is not None:
+        try:
+            other = json.loads(Path(compare).read_text(encoding="utf-8"))
+            other["experiments"], other["meta"]["mode"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"--compare {compare}: not a readable report.json of `particles reproduce` ({exc})")
     from particles import __version__
     from particles.backend import init
 
@@ -58,8 +73,8 @@ def main(quick: bool, out_dir: Path, only=None) -> Path:
         try:
             res = mod.run_experiment(quick, out_dir)
             results.append(res)
-            n_ok = sum(c.passed for c in res.checks)
-            status = f"{'PASS' if res.passed else 'FAIL'} ({n_ok}/{len(res.checks)} checks)"
+            counts = verdict_counts(res.checks)
+            status = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
         except Exception as exc:  # keep going: one broken experiment must not lose the others' report
             errors[key] = "".join(traceback.format_exception(exc))
             status = f"ERROR: {type(exc).__name__}: {exc}"
@@ -79,6 +94,9 @@ def main(quick: bool, out_dir: Path, only=None) -> Path:
                     numbers=r.numbers, checks=[c.as_dict() for c in r.checks], figures=r.figures,
                     what=r.what, claim=r.claim, closed_form=r.closed_form, measurement=r.measurement,
                     agreement=r.agreement) for r in results})
+    if other is not None:
+        meta["compared_with"] = dict(path=str(compare), mode=other["meta"]["mode"],
+                                     differences=compare_verdicts(jsonable(doc), other))
     (out_dir / "report.json").write_text(json.dumps(jsonable(doc), indent=1, ensure_ascii=False))
     path = write_markdown(out_dir / "report.md", results, meta)
     print(f"report: {path} ({total:.0f} s)", flush=True)

@@ -248,6 +248,11 @@ class Check:
     tolerance: str       # the criterion, in words
     passed: bool
     note: str = ""
+    verdict: str = ""    # agrees / disagrees / outside the theorem's assumptions / cannot decide
+
+    def __post_init__(self):
+        if not self.verdict:
+            self.verdict = "agrees" if self.passed else "disagrees"
 
     def as_dict(self):
         return asdict(self)

@@ -8,6 +8,7 @@ import numpy as np
 
 from scenes import configurations, load_scene
 
+from . import stats
 from .common import (Check, Result, figure, fmt, make_sim, md_table, panel_label, plain_log_axis, rows_to_trace,
                      run, save)
 
@@ -25,6 +26,23 @@ def _decreases(trace, H, horizon):
     dE = np.diff(E, axis=2)
     by_energy = np.any(dE < -1e-12 * np.abs(E[:, :, :-1]), axis=(1, 2))
     return by_rate, by_energy
+
+
+def condition8_implication(rho, rate, kinetic, tol: float = RATE_TOL) -> dict:
+    """Condition 8 with orthogonal heads: rho_h <= 1 must imply dE_h/dt >= 0, at every state.
+
+    rho, rate: (R, H, T) per-head columns; kinetic: (R, T). A state-head pair with rho_h <= 1 and
+    energy_rate_h < -tol * kinetic is a counterexample. Returns counts and the worst such rate.
+    """
+    rho, rate = np.asarray(rho, dtype=np.float64), np.asarray(rate, dtype=np.float64)
+    scale = np.asarray(kinetic, dtype=np.float64)[:, None, :]
+    premise = rho <= 1.0
+    bad = premise & (rate < -tol * scale)
+    worst = float(np.min(np.where(premise, rate / np.maximum(scale, 1e-300), np.inf))) if premise.any() else math.nan
+    return dict(states=int(rho.size), premise=int(premise.sum()), violations=int(bad.sum()),
+                decreases_with_rho_above_1=int(((~premise) & (rate < -tol * scale)).sum()),
+                min_rel_rate_where_premise=worst,
+                verdict=stats.UNDECIDED if not premise.any() else stats.verdict(not bad.any()))
 
 
 def run_experiment(quick: bool, fig_dir) -> Result:
@@ -71,6 +89,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
     median_first = [float(np.nanmedian(first_t[B == b])) if np.isfinite(first_t[B == b]).any() else math.nan
                     for b in betas]
     total_min_rel = float(np.min(np.diff(tr["energy"], axis=1) / np.abs(tr["energy"][:, :-1])))
+    impl = condition8_implication(tr.head("radial_dominance", H), rates, tr["kinetic"])
     max_abs_cross = float(np.max(np.abs(tr.head("cross_coupling", H))))
 
     # --- flat: same heads, same starts; chunks, each replica valid until its norm cap
@@ -107,7 +126,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         sphere_median_first_negative_time=median_first,
         sphere_total_energy_min_relative_increment=total_min_rel,
         sphere_max_abs_cross_coupling=max_abs_cross,
-        flat_fraction=flat_frac, flat_min_rate_over_max_kinetic=flat_min_rate_rel,
+        condition8_implication=impl, flat_fraction=flat_frac, flat_min_rate_over_max_kinetic=flat_min_rate_rel,
         flat_valid_until_min=flat_valid, betas=betas)
 
     checks = [
@@ -119,6 +138,12 @@ def run_experiment(quick: bool, fig_dir) -> Result:
               "min relative step increment of E_multi >= -1e-12", total_min_rel >= -1e-12),
         Check("orthogonal heads: ambient cross-coupling C_h vanishes", max_abs_cross, "0",
               "max |C_h| <= 1e-12", max_abs_cross <= 1e-12),
+        Check("Condition 8 ⇒ dE_h/dt ≥ 0 at every logged state (orthogonal heads)", float(impl["violations"]),
+              f"0 of {impl['premise']} (state, head) pairs with ρ_h ≤ 1",
+              f"no pair with ρ_h ≤ 1 and energy_rate_h < −{RATE_TOL:g}·kinetic",
+              impl["verdict"] == stats.AGREES, verdict=impl["verdict"],
+              note=(f"smallest rate/kinetic where ρ_h ≤ 1: {fmt(impl['min_rel_rate_where_premise'], 3)}; "
+                    f"{impl['decreases_with_rho_above_1']} decreasing pairs, all with ρ_h > 1")),
     ]
 
     # --- figure: fraction vs beta; one run's per-head energies with R_h shaded
@@ -193,7 +218,8 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         + (", generic on the sphere (at least half the starts at every β)" if min(frac[t_end]) >= 0.5 else
            " on the sphere")
         + (", and absent without the projection" if max(flat_frac) == 0 else ", but also seen in flat space")
-        + ", as Theorems 16-17 say; the total energy "
+        + f", as Theorems 16-17 say. Condition 8 decides it: at all {impl['premise']} logged (state, head) pairs "
+        f"with ρ_h ≤ 1 the head's energy rose ({impl['verdict']}); every decrease had ρ_h > 1. The total energy "
         + ("kept rising throughout." if total_min_rel >= -1e-12 else "did not always rise."))
     return Result(
         key="e2_radial", title="Radial shadow obstruction", theorem="Theorems 16-17",

@@ -10,8 +10,12 @@ from scenes import load_scene
 
 from particles.heads import Head
 from particles.theory import lambda_c  # noqa: F401 (experiments and tests import it from here)
+from . import stats
 from .common import (Check, Result, bracket_mid, figure, fit_line, fmt, make_sim, md_table, multisection,
                      panel_label, phi, reset, run, run_on, save)
+from particles.theory import equiangular_curve
+
+CURVE_TOL = 1e-5     # max |gamma_engine(t) - gamma_ODE(t)| over a run: RK4 at dt = 0.01 with rates up to 2 Lambda = 20
 
 
 # ----------------------------------------------------------------------------- closed forms
@@ -34,6 +38,34 @@ def early_rate(trace):
     return (-3 * g[:, 0] + 4 * g[:, 1] - g[:, 2]) / (2 * dt)
 
 
+def superadditivity(early: dict, lc: float) -> dict:
+    """Theorem 22's inequality at every measured (total, spread): where both strengths exceed λ_c
+    the measured rate must beat the equal split; points with a strength below λ_c are outside."""
+    inside, outside = [], []
+    for Lam, v in early.items():
+        lb = v["lambda_bar"]
+        base = v["measured"][0]
+        for dl, r in zip(v["spread_delta"][1:], v["measured"][1:]):
+            (inside if lb - dl > lc else outside).append(dict(Lambda=Lam, delta=dl, ratio=r / base))
+    ok = all(p["ratio"] > 1 for p in inside)
+    return dict(inside=inside, outside=outside, n_inside=len(inside), n_outside=len(outside),
+                min_ratio_inside=min((p["ratio"] for p in inside), default=math.nan),
+                reversed_outside=[p for p in outside if p["ratio"] < 1],
+                verdict=stats.UNDECIDED if not inside else stats.verdict(ok))
+
+
+def counterexample(beta, n, d, x0, rule, dt, strengths=(0.5, 9.5)) -> dict:
+    """The wide split of the issue's example against the equal split with the same total, measured."""
+    Lam = float(sum(strengths))
+    equal = [Lam / 2, Lam / 2]
+    rates = [float(early_rate(run(x0, [Head.scalar(l, d) for l in lams], beta, rule=rule, dt=dt, steps=2))[0])
+             for lams in (list(strengths), equal)]
+    ch, co = float(sum(phi(l, beta, n) for l in strengths)), float(sum(phi(l, beta, n) for l in equal))
+    return dict(strengths=list(strengths), equal=equal, measured_het=rates[0], measured_hom=rates[1],
+                measured_ratio=rates[0] / rates[1], closed_het=ch, closed_hom=co,
+                reverses=rates[0] < rates[1], closed_reverses=ch < co)
+
+
 def run_experiment(quick: bool, fig_dir) -> Result:
     t_start = time.perf_counter()
     scene = load_scene("heterogeneous_heads")
@@ -43,7 +75,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
     beta = float(scene.data["dynamics"]["beta"])
     rule = scene.data["dynamics"]["rule"]
     strengths_scene = list(scene.data["heads"]["strengths"])
-    Lambdas = [float(sum(strengths_scene)), 4.0]
+    Lambdas = [float(sum(strengths_scene)), 16.0, 4.0]
     spreads = np.linspace(0.0, 0.9, 7 if quick else 13)        # delta / lambda_bar
     dt_early = 1e-5
     rel_spreads = [0.3, 0.1] if quick else [0.4, 0.2, 0.1, 0.05]
@@ -83,6 +115,8 @@ def run_experiment(quick: bool, fig_dir) -> Result:
                           best_rate=float(np.max(meas)),
                           mean_above_lambda_c=bool(lb > lc))
     max_rel_early = max(v["max_rel_error"] for v in early.values())
+    sa = superadditivity(early, lc)
+    counter = counterexample(beta, n, d, x0, rule, dt_early)
 
     # --- where heterogeneity starts to help: het (1-r, 1+r) vs hom (1, 1) across mean strengths
     hom = make_sim(np.repeat(x0[None], grid_points, 0), [Head.scalar(1.0, d)] * 2, np.ones(grid_points),
@@ -123,14 +157,44 @@ def run_experiment(quick: bool, fig_dir) -> Result:
                          target=-2 * Lam, rel_error=abs(slope / (-2 * Lam) - 1), intercept=icpt,
                          fit_t=[float(t[m][0]), float(t[m][-1])] if m.any() else [math.nan, math.nan]))
         traces.append((lams, t, eps, slope, icpt, m))
+        ode_g = equiangular_curve(float(tok.get("gamma", 0.0)), lams, beta, n, t, rule=rule, max_step=1e-4)
+        late[-1]["curve_max_abs_error"] = float(np.max(np.abs(tr["gamma_bar"][0] - ode_g)))
     max_late = max(v["rel_error"] for v in late)
+    curve_err = max(v["curve_max_abs_error"] for v in late)
+    # the mismatch is the engine's RK4 error: halving dt must shrink it about 16-fold
+    lams = late_sets[0]
+    tr2 = run(x0, [Head.scalar(l, d) for l in lams], beta, rule=rule, dt=dt_late / 2,
+              steps=int(round(t_late / (dt_late / 2))))
+    ode2 = equiangular_curve(float(tok.get("gamma", 0.0)), lams, beta, n, tr2.time, rule=rule, max_step=1e-4)
+    curve_err_half = float(np.max(np.abs(tr2["gamma_bar"][0] - ode2)))
+    curve_order = math.log2(late[0]["curve_max_abs_error"] / curve_err_half)
 
     out = dict(lambda_c=lc, u_c=lc * beta, early=early, early_max_rel_error=max_rel_early,
+               superadditivity=sa, counterexample=counter, curve_max_abs_error=curve_err,
+               curve_max_abs_error_half_dt=curve_err_half, curve_order=curve_order,
                crossings=crossings, crossing_max_abs_error=max_cross_err, het_minus_hom_curves=curves,
                late=late, late_max_rel_error=max_late)
     checks = [
         Check("early rate dγ/dt at γ = 0 = Σ_h φ(λ_h)", max_rel_early, "closed form",
               "max relative error <= 1e-6", max_rel_early <= 1e-6),
+        Check("super-additivity Σφ(λ_h) > 2φ(λ̄) at every spread with every λ_h > λ_c (measured rates)",
+              sa["min_ratio_inside"], f"> 1 at {sa['n_inside']} (total, spread) points",
+              "measured rate(spread) / rate(equal) > 1 at every point inside the convex region",
+              sa["verdict"] == stats.AGREES, verdict=sa["verdict"],
+              note=f"{sa['n_outside']} further points have a strength below λ_c (outside the theorem)"),
+        Check(f"counterexample outside the convex region: strengths {counter['strengths']} vs "
+              f"{counter['equal']} (n = {n}, β = {fmt(beta)})", counter["measured_ratio"],
+              f"closed form {fmt(counter['closed_het'], 3)} vs {fmt(counter['closed_hom'], 3)}",
+              "the measured inequality reverses (ratio < 1) exactly as the closed form says",
+              counter["reverses"] == counter["closed_reverses"],
+              verdict=stats.OUTSIDE if counter["reverses"] == counter["closed_reverses"] else stats.DISAGREES,
+              note=f"measured {fmt(counter['measured_het'], 3)} vs {fmt(counter['measured_hom'], 3)}: "
+                   "a strength below λ_c; the theorem needs every λ_h > λ_c"),
+        Check("whole γ(t) curve = equiangular ODE", curve_err, "RK4 solve of the 1-D ODE (step 1e-4)",
+              f"max_t |γ_engine − γ_ODE| <= {CURVE_TOL:g} on every strength set, and the mismatch shrinks "
+              "with dt at order >= 3.5 (RK4)", curve_err <= CURVE_TOL and curve_order >= 3.5,
+              note=f"dt = {fmt(dt_late)}: {fmt(late[0]['curve_max_abs_error'])}, dt/2: {fmt(curve_err_half)}, "
+                   f"order {fmt(curve_order, 3)}"),
         Check("heterogeneity helps exactly where the mean is above λ_c", float(sum(
             v["heterogeneity_helps"] == v["mean_above_lambda_c"] for v in early.values())),
               f"{len(early)} of {len(early)} totals", "helps iff λ̄ > λ_c (smallest nonzero spread)",
@@ -144,17 +208,27 @@ def run_experiment(quick: bool, fig_dir) -> Result:
     ]
 
     # --- figure
-    fig, axes = figure(3, 1, width=4.6, height=3.7)
+    fig, axes = figure(4, 1, width=4.6, height=3.7)
     ax = axes[0]
     for i, (Lam, v) in enumerate(early.items()):
         dl = np.array(v["spread_delta"])
-        ax.plot(dl, v["closed_form"], "-", color=f"C{i}", lw=1.2, label=f"Σφ(λ_h), Λ = {fmt(Lam)}")
-        ax.plot(dl, v["measured"], "o", color=f"C{i}", mfc="none",
-                label=f"engine, λ̄ = {fmt(v['lambda_bar'])} ({'>' if v['mean_above_lambda_c'] else '<'} λ_c)")
-    ax.set_xlabel("spread δ: strengths (λ̄ − δ, λ̄ + δ)")
-    ax.set_ylabel("early rate dγ/dt at γ = 0")
-    ax.legend(fontsize=7)
-    panel_label(ax, "(a) early clustering rate vs spread")
+        lb = v["lambda_bar"]
+        ax.plot(dl / lb, np.array(v["closed_form"]) / v["closed_form"][0], "-", color=f"C{i}", lw=1.2,
+                label=f"Λ = {fmt(Lam)} (λ̄ = {fmt(lb)}): closed form")
+        ax.plot(dl / lb, np.array(v["measured"]) / v["measured"][0], "o", color=f"C{i}", mfc="none")
+        if lb > lc:
+            ax.axvline((lb - lc) / lb, color=f"C{i}", ls=":", lw=1.2)
+    ax.plot([], [], "ko", mfc="none", label="engine (measured rates)")
+    ax.plot([], [], "k:", label="weaker head reaches λ_c")
+    cx = (counter["strengths"][1] - counter["strengths"][0]) / sum(counter["strengths"])
+    ax.plot([cx], [counter["measured_ratio"]], "rx", ms=10, mew=2,
+            label=f"counterexample {counter['strengths']}: {fmt(counter['measured_ratio'], 3)}")
+    ax.axhline(1, color="k", lw=0.6)
+    ax.set_yscale("log")
+    ax.set_xlabel("relative spread δ/λ̄: strengths λ̄(1 ∓ δ/λ̄)")
+    ax.set_ylabel("Σφ(λ_h) / 2φ(λ̄)  (early rate ratio)")
+    ax.legend(fontsize=6.5)
+    panel_label(ax, f"(a) super-additivity ratio; λ_c = {lc:.3f}")
     ax = axes[1]
     for i, r in enumerate(rel_spreads):
         c = curves[r]
@@ -176,6 +250,16 @@ def run_experiment(quick: bool, fig_dir) -> Result:
     ax.set_ylabel("ε = 1 − γ̄")
     ax.legend(fontsize=7)
     panel_label(ax, f"(c) late time: slope vs −2Λ = {-2 * late[0]['Lambda']:g}")
+    ax = axes[3]
+    for i, (lams, t, eps, slope, icpt, m) in enumerate(traces):
+        g_ode = equiangular_curve(float(tok.get("gamma", 0.0)), lams, beta, n, t, rule=rule, max_step=1e-4)
+        ax.plot(t[::5], 1 - eps[::5], "o", ms=3, mfc="none", color=f"C{i}", label=f"engine, λ = {lams}")
+        ax.plot(t, g_ode, "-", lw=1, color=f"C{i}")
+    ax.plot([], [], "k-", label="equiangular ODE")
+    ax.set_xlabel("t")
+    ax.set_ylabel("γ̄(t)")
+    ax.legend(fontsize=7)
+    panel_label(ax, f"(d) whole curve: max |Δγ| = {curve_err:.1e}")
     fig_name = save(fig, fig_dir, "e4_heterogeneous.png")
 
     rows = [[fmt(c["relative_spread"]), c["measured"], c["closed_form"], c["abs_error"], c["distance_to_lambda_c"]]
@@ -186,7 +270,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
                                [[str(v["strengths"]), v["Lambda"], v["slope"], v["target"], v["rel_error"],
                                  str(v["points"])] for v in late])
     hv = early[Lambdas[0]]
-    lv = early[Lambdas[1]]
+    lv = early[Lambdas[-1]]
     measurement = (
         f"n = {n} equiangular tokens (γ = 0) in R^{d}, two scalar heads, rule {rule}, β = {fmt(beta)}, float64 RK4. "
         f"Early rate: two steps of dt = {dt_early:g} and the second-order one-sided difference of the logged "
@@ -204,6 +288,14 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         + "; ".join(f"λ = {v['strengths']}: slope {fmt(v['slope'], 6)} (−2Λ = {fmt(v['target'])})" for v in late)
         + ".")
     agreement = (
+        f"Super-additivity: {sa['verdict']} — at all {sa['n_inside']} measured (total, spread) points where both "
+        f"strengths exceed λ_c = {fmt(lc, 4)} the unequal split is faster (smallest ratio "
+        f"{fmt(sa['min_ratio_inside'], 4)}). It holds where every λ_h > λ_c, not wherever the mean is: of the "
+        f"{sa['n_outside']} points with a strength below λ_c, {len(sa['reversed_outside'])} reverse the inequality. "
+        f"Counterexample (outside the theorem's assumptions, as the closed form predicts): strengths "
+        f"{counter['strengths']} give {fmt(counter['measured_het'], 3)} against {fmt(counter['measured_hom'], 3)} for "
+        f"{counter['equal']} (ratio {fmt(counter['measured_ratio'], 3)}). The whole γ(t) curve follows the 1-D ODE "
+        f"to {fmt(curve_err)} (tolerance {CURVE_TOL:g}). "
         f"Early rates match Σ_h φ(λ_h) to {fmt(max_rel_early)} (relative). Heterogeneity "
         f"{'helps' if hv['heterogeneity_helps'] else 'does not help'} at λ̄ = {fmt(hv['lambda_bar'])} and "
         f"{'helps' if lv['heterogeneity_helps'] else 'does not help'} at λ̄ = {fmt(lv['lambda_bar'])}, with "
@@ -218,8 +310,9 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         what=("Tests whether heads of unequal strength (same total strength) make tokens cluster faster than equal "
               "heads, starting from tokens that are all at the same angle to each other."),
         claim=("With scalar heads λ_h I on an equiangular start (softmax), γ follows a 1-D ODE; the early rate at "
-               "γ = 0 is Σ_h φ(λ_h); if the mean strength lies where φ is convex (λ̄ > λ_c) unequal strengths with "
-               "the same total beat equal ones early; late in the run ε = 1 − γ ~ C e^{−2Λt}, Λ = Σ_h λ_h."),
+               "γ = 0 is Σ_h φ(λ_h); where every strength lies in the convex region of φ (every λ_h > λ_c), unequal "
+               "strengths with the same total beat equal ones early (Jensen); with a strength below λ_c it can "
+               "reverse; late in the run ε = 1 − γ ~ C e^{−2Λt}, Λ = Σ_h λ_h."),
         closed_form=(f"φ(λ) = 2λ/(e^{{βλ}} + n − 1); λ_c solves φ''(λ) = 0, i.e. e^u (u − 2) = (n − 1)(u + 2), "
                      f"u = βλ_c: λ_c = {lc:.6f} here; late slope of log ε = −2Λ."),
         measurement=measurement, agreement=agreement, params=params, numbers=out, checks=checks,

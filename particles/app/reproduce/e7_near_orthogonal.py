@@ -1,4 +1,13 @@
-"""Experiment 7 (Theorem 39): per-head energy rates of nearly orthogonal heads."""
+"""Experiment 7 (Theorem 39): overlap delta added to orthogonal heads where radial dominance holds.
+
+Theorem 39 speaks about states where Condition 8 (rho_h <= 1) holds for exactly orthogonal
+heads (delta = 0), so that each head's energy rises; an overlap ||M_h' M_h||_op <= delta then
+adds a possible decrease of order delta, through the ambient cross-coupling C_h, and no more.
+The experiment keeps only the starts whose delta = 0 run satisfies rho_h <= 1 at every logged
+state of a short window (t <= 0.5), then sweeps the principal angle between the heads from 90
+down to 70 degrees from those same starts, for attractive heads (M_h = V_h = B_h B_h^T) and for
+an indefinite set (one head with M and V sign-flipped).
+"""
 from __future__ import annotations
 
 import math
@@ -8,14 +17,63 @@ import numpy as np
 
 from scenes import configurations, head_builders, load_scene
 
-from .common import Check, Result, figure, fit_line, fmt, md_table, panel_label, run, save
+from particles.heads import Head
+from . import stats
+from .common import Check, Result, figure, fmt, md_table, panel_label, run, save
+
+RATE_TOL = 1e-12      # a relative rate counts as negative below -RATE_TOL
+LINEAR_TOL = 0.25     # a drop's local exponent in delta near 0 must be >= 1 - LINEAR_TOL to count as O(delta)
 
 
 def _op_overlap(heads) -> float:
-    """max_{h != h'} ||M_h'^T M_h||_op = max_{h != h'} ||M_h' M_h||_op for the symmetric projector heads."""
+    """max_{h != h'} ||M_h' M_h||_op."""
     Ms = [h.score for h in heads]
     return max(float(np.linalg.norm(Ms[a] @ Ms[b], 2)) for a in range(len(Ms)) for b in range(len(Ms)) if a != b)
 
+
+def family(kind: str, H: int, d: int, rank: int, angle: float, seed: int, strength: float) -> list[Head]:
+    """'attractive': M_h = V_h = strength B_h B_h^T; 'indefinite': the same with head 0's M and V negated."""
+    heads = head_builders.near_orthogonal(H, d, rank, angle, seed, strength)
+    if kind == "indefinite":
+        heads = [Head.from_matrices(-heads[0].score, -heads[0].value)] + list(heads[1:])
+    return heads
+
+
+# ----------------------------------------------------------------------------- analysis (pure)
+
+def linear_bound(deltas, drops) -> dict:
+    """Is a drop D(delta) (>= 0 means worse than at delta = 0) of order delta as delta -> 0?
+
+    slope K = max_{delta > 0} D / delta, the tightest linear bound through the origin on the grid;
+    exponent: the local log-log slope of D between the two smallest overlaps (an O(delta) drop has
+    exponent >= 1 there; sqrt(delta) would have 1/2). Agrees when D(0) = 0 (to RATE_TOL) and either
+    the smallest overlap shows no drop or that exponent is >= 1 - LINEAR_TOL. A drop that saturates
+    at large delta is still O(delta): only the approach to delta = 0 decides.
+    """
+    dl = np.asarray(deltas, dtype=np.float64)
+    D = np.asarray(drops, dtype=np.float64)
+    order = np.argsort(dl)
+    dl, D = dl[order], D[order]
+    zero = dl <= 1e-12
+    d0 = float(np.max(np.abs(D[zero]))) if zero.any() else math.nan
+    nz = ~zero
+    K = float(max(0.0, np.max(D[nz] / dl[nz]))) if nz.any() else math.nan
+    p = math.nan
+    dz, Dz = dl[nz], D[nz]
+    if len(dz) >= 2 and Dz[0] > RATE_TOL and Dz[1] > RATE_TOL:
+        p = float(math.log(Dz[1] / Dz[0]) / math.log(dz[1] / dz[0]))
+    if not zero.any() or len(dz) < 2:
+        v = stats.UNDECIDED
+    elif d0 > RATE_TOL:
+        v = stats.DISAGREES
+    elif Dz[0] <= RATE_TOL:
+        v = stats.AGREES
+    else:
+        v = stats.verdict(np.isfinite(p) and p >= 1 - LINEAR_TOL)
+    return dict(drop_at_zero=d0, slope=K, exponent=p, verdict=v, deltas=dl.tolist(), drops=D.tolist())
+
+
+# ----------------------------------------------------------------------------- experiment
 
 def run_experiment(quick: bool, fig_dir) -> Result:
     t_start = time.perf_counter()
@@ -24,142 +82,132 @@ def run_experiment(quick: bool, fig_dir) -> Result:
     n, d = tok["n"], tok["d"]
     H, rank, strength, hseed = hd["count"], hd["rank"], float(hd["strength"]), hd.get("seed", 0)
     beta, rule = float(dyn["beta"]), dyn["rule"]
-    angles = [90.0, 80.0, 70.0, 60.0] if quick else [90.0, 85.0, 80.0, 75.0, 70.0, 65.0, 60.0]
-    R = 4 if quick else 16
-    dt = 0.025 if quick else float(dyn["dt"])
-    t_end = 5.0 if quick else 10.0
-    t_early = 1.0
+    angles = [90.0, 87.5, 85.0, 80.0, 75.0, 70.0] if quick else [90.0, 88.75, 87.5, 85.0, 82.5, 80.0, 77.5,
+                                                                 75.0, 72.5, 70.0]
+    R = 24 if quick else 96
+    dt, t_win = 0.01, 0.5
+    steps = int(round(t_win / dt))
     params = dict(scene="near_orthogonal", n=n, d=d, H=H, rank=rank, strength=strength, head_seed=hseed,
-                  rule=rule, beta=beta, angles_deg=angles, token_seeds=list(range(R)), dt=dt, t_end=t_end,
-                  relative_rate="energy_rate_h(t) / max_t kinetic(t), per run",
-                  early_window=t_early)
+                  rule=rule, beta=beta, angles_deg=angles, token_seeds=list(range(R)), dt=dt, window=t_win,
+                  families=dict(attractive="M_h = V_h = strength B_h B_h^T (near_orthogonal builder)",
+                                indefinite="the same with head 0's M and V negated"),
+                  kept="starts whose 90-degree run has rho_h <= 1 for every head at every logged t <= window",
+                  relative_rate="energy_rate_h(t) / kinetic(t), min over t <= window, heads, kept starts",
+                  deficit="max(0, -min relative rate)")
     X = np.stack([configurations.random(n, d, s) for s in range(R)])
 
-    per = []
-    example = None
-    for ang in angles:
-        heads = head_builders.near_orthogonal(H, d, rank, ang, hseed, strength)
-        overlap = _op_overlap(heads)
-        tr = run(X, heads, beta, rule=rule, dt=dt, steps=int(round(t_end / dt)), observe_every=1)
-        rates = tr.head("energy_rate", H)                      # (R, H, T)
-        K = tr["kinetic"]
-        scale = np.max(K, axis=1)[:, None, None]
-        rel = rates / scale
-        worst_per_run = np.min(rel, axis=(1, 2))
-        early = tr.time <= t_early + 1e-12
-        cross = tr.head("cross_coupling", H)
-        T = tr.head("tangent_power", H)
-        Rsh = tr.head("radial_shadow", H)
-        per.append(dict(
-            angle=ang, overlap_op=overlap, cos_angle=math.cos(math.radians(ang)),
-            worst_rel_rate=float(np.min(worst_per_run)), median_worst_rel_rate=float(np.median(worst_per_run)),
-            q25=float(np.percentile(worst_per_run, 25)), q75=float(np.percentile(worst_per_run, 75)),
-            fraction_runs_with_decrease=float(np.mean(worst_per_run < -1e-12)),
-            worst_rel_rate_early=float(np.min(rel[:, :, early])),
-            worst_rel_tangent_minus_radial=float(np.min((T - Rsh) / scale)),
-            max_rel_abs_cross=float(np.max(np.abs(cross) / scale)),
-            min_rel_cross=float(np.min(cross / scale)),
-            total_energy_min_rel_increment=float(np.min(np.diff(tr["energy"], axis=1) / tr["energy"][:, :-1])),
-            all_finite=bool(tr.finite.all())))
-        if example is None or abs(ang - float(hd["angle"])) < abs(example[0] - float(hd["angle"])):
-            example = (ang, tr)
+    fams = {}
+    for kind in ("attractive", "indefinite"):
+        base = run(X, family(kind, H, d, rank, 90.0, hseed, strength), beta, rule=rule, dt=dt, steps=steps)
+        rho = base.head("radial_dominance", H)
+        keep = np.all(rho <= 1.0, axis=(1, 2))
+        per = []
+        for ang in angles:
+            heads = family(kind, H, d, rank, ang, hseed, strength)
+            tr = base if ang == 90.0 else run(X, heads, beta, rule=rule, dt=dt, steps=steps)
+            K = tr["kinetic"][keep][:, None, :]
+            rel = tr.head("energy_rate", H)[keep] / K
+            cross = tr.head("cross_coupling", H)[keep] / K
+            per.append(dict(angle=ang, delta=_op_overlap(heads), min_rel_rate=float(np.min(rel)),
+                            min_rel_cross=float(np.min(cross)),
+                            fraction_starts_with_decrease=float(np.mean(np.min(rel, axis=(1, 2)) < -RATE_TOL)),
+                            min_rel_rate_per_start=np.min(rel, axis=(1, 2)).tolist()))
+        dl = [0.0 if p["angle"] == 90.0 else p["delta"] for p in per]
+        m0 = np.array(per[0]["min_rel_rate_per_start"])
+        # worst per-start drop of the smallest relative rate against the same start at delta = 0
+        lb_rate = linear_bound(dl, [float(np.max(m0 - np.array(p["min_rel_rate_per_start"]))) for p in per])
+        lb_cross = linear_bound(dl, [-p["min_rel_cross"] for p in per])
+        fams[kind] = dict(kept=int(keep.sum()), starts=R, per_angle=per, rate_bound=lb_rate, cross_bound=lb_cross)
 
-    ov = np.array([p["overlap_op"] for p in per])
-    worst = np.array([p["worst_rel_rate"] for p in per])
-    med = np.array([p["median_worst_rel_rate"] for p in per])
-    # the part of the worst decrease beyond the exactly orthogonal (radial-shadow-only) case
-    excess = med - med[0]
-    slope, icpt, se = fit_line(ov, med)
-    out = dict(per_angle=per, median_worst_vs_overlap_slope=slope, slope_se=se,
-               monotone_in_overlap=bool(np.all(np.diff(med) <= 1e-12)), excess_over_orthogonal=excess.tolist())
-    max_overlap_err = max(abs(p["overlap_op"] - strength ** 2 * p["cos_angle"]) for p in per)
-    checks = [
-        Check("||M_h' M_h||_op = strength² cos(angle)", max_overlap_err, "closed form", "max |diff| <= 1e-12",
-              max_overlap_err <= 1e-12),
-        Check("exactly orthogonal (90°): no ambient cross-coupling", per[0]["max_rel_abs_cross"], "0",
-              "max |C_h| / max kinetic <= 1e-12", per[0]["max_rel_abs_cross"] <= 1e-12),
-        Check("the total energy still rises at every angle (Theorem 11)",
-              min(p["total_energy_min_rel_increment"] for p in per), ">= 0", "min relative step increment >= -1e-12",
-              min(p["total_energy_min_rel_increment"] for p in per) >= -1e-12),
-        Check("slope of the median worst per-head rate against ||M'M||_op", slope, "Theorem 39: decrease O(δ)",
-              "reported as measured (informational)", True, note="informational"),
-    ]
+    max_overlap_err = max(abs(p["delta"] - strength ** 2 * math.cos(math.radians(p["angle"])))
+                          for f in fams.values() for p in f["per_angle"])
+    checks = [Check("||M_h' M_h||_op = strength² cos(angle)", max_overlap_err, "closed form", "max |diff| <= 1e-12",
+                    max_overlap_err <= 1e-12)]
+    for kind, f in fams.items():
+        if f["kept"] == 0:
+            checks.append(Check(f"{kind}: states with ρ_h ≤ 1 at δ = 0", 0.0, "> 0 kept starts",
+                                "at least one start", False, verdict=stats.UNDECIDED,
+                                note="no start satisfies the theorem's hypothesis: the experiment cannot decide"))
+            continue
+        lb = f["rate_bound"]
+        at0 = min(f["per_angle"][0]["min_rel_rate_per_start"])
+        checks.append(Check(
+            f"{kind}: per-head rate at δ = 0 (ρ_h ≤ 1 kept states) is ≥ 0", at0, ">= 0 (Condition 8)",
+            f"min_t,h dE_h/dt / kinetic >= -{RATE_TOL:g}", at0 >= -RATE_TOL,
+            note=f"{f['kept']} of {f['starts']} starts kept"))
+        checks.append(Check(
+            f"{kind}: drop of the per-head rate is O(δ) (90° → {min(angles):.0f}°)", lb["slope"],
+            "Theorem 39: min_t (dE_h/dt)/kinetic >= (its δ = 0 value) − K δ",
+            f"local exponent of the worst per-start drop at the two smallest δ >= {1 - LINEAR_TOL:g} "
+            "(or no drop there)", lb["verdict"] == stats.AGREES, verdict=lb["verdict"],
+            note=(f"fitted slope of the linear bound K = max drop/δ = {fmt(lb['slope'], 3)}; local exponent "
+                  f"{fmt(lb['exponent'], 3)}")))
+        lc = f["cross_bound"]
+        checks.append(Check(
+            f"{kind}: cross-coupling C_h ≥ −K_C δ", lc["slope"], "C_h = 0 at δ = 0, negative part O(δ)",
+            f"|min C_h/kinetic| <= {RATE_TOL:g} at δ = 0; local exponent near 0 >= {1 - LINEAR_TOL:g} (or none)",
+            lc["verdict"] == stats.AGREES, verdict=lc["verdict"],
+            note=f"K_C = {fmt(lc['slope'], 3)}; local exponent {fmt(lc['exponent'], 3)}"))
 
-    # --- figure
-    fig, axes = figure(3, 1, width=4.6, height=3.7)
-    ax = axes[0]
-    ax.errorbar(ov, med, yerr=[med - np.array([p["q25"] for p in per]), np.array([p["q75"] for p in per]) - med],
-                fmt="o-", capsize=3, label=f"median over {R} starts (25–75%)")
-    ax.plot(ov, worst, "v--", color="C3", label="worst start")
-    ax.plot(ov, [p["worst_rel_rate_early"] for p in per], "s:", color="C2", mfc="none", label=f"worst, t ≤ {fmt(t_early)}")
-    for p in per:
-        ax.annotate(f"{p['angle']:.0f}°", (p["overlap_op"], p["median_worst_rel_rate"]), textcoords="offset points",
-                    xytext=(4, 4), fontsize=7)
-    ax.axhline(0, color="k", lw=0.5)
-    ax.set_xlabel("||M_h' M_h||_op (= cos of the principal angle)")
-    ax.set_ylabel("min_t,h energy_rate_h / max kinetic")
-    ax.legend(fontsize=7)
-    panel_label(ax, "(a) largest per-head energy decrease")
-    ax = axes[1]
-    ax.plot(ov, [p["worst_rel_tangent_minus_radial"] for p in per], "o-", label="min (T_h − R_h) / max kinetic")
-    ax.plot(ov, [p["max_rel_abs_cross"] for p in per], "s-", label="max |C_h| / max kinetic")
-    ax.axhline(0, color="k", lw=0.5)
-    ax.set_xlabel("||M_h' M_h||_op")
-    ax.legend(fontsize=7)
-    panel_label(ax, "(b) radial shadow vs ambient cross-coupling")
-    ax = axes[2]
-    ang, tr = example
-    for h in range(H):
-        ax.plot(tr.time, tr[f"energy_rate_h{h}"][0], color=f"C{h}", label=f"dE_{h}/dt")
-        ax.plot(tr.time, tr[f"cross_coupling_h{h}"][0], color=f"C{h}", ls=":", lw=1, label=f"C_{h}")
-    ax.axhline(0, color="k", lw=0.5)
-    ax.set_xlabel("t")
-    ax.legend(fontsize=7, ncol=2)
-    panel_label(ax, f"(c) {ang:.0f}°, start 0: per-head rates")
+    # --- figure: relative rate, its drop, and C_h against delta, both families
+    fig, axes = figure(3, 1, width=4.6, height=3.9)
+    for i, (kind, f) in enumerate(fams.items()):
+        per = f["per_angle"]
+        dl = np.array([0.0 if p["angle"] == 90.0 else p["delta"] for p in per])
+        lab = f"{kind} ({f['kept']}/{f['starts']} starts)"
+        axes[0].plot(dl, [p["min_rel_rate"] for p in per], "o-", color=f"C{i}", label=lab)
+        rb, cb = f["rate_bound"], f["cross_bound"]
+        dd = np.linspace(0, dl.max(), 20)
+        axes[1].plot(rb["deltas"], rb["drops"], "o-", color=f"C{i}", label=lab)
+        axes[1].plot(dd, rb["slope"] * dd, ":", color=f"C{i}", lw=1.2, label=f"K δ, K = {fmt(rb['slope'], 3)}")
+        axes[2].plot(dl, [p["min_rel_cross"] for p in per], "o-", color=f"C{i}", label=lab)
+        axes[2].plot(dd, -cb["slope"] * dd, ":", color=f"C{i}", lw=1.2, label=f"−K_C δ, K_C = {fmt(cb['slope'], 3)}")
+        if i == 0:
+            for p, x_ in zip(per, dl):
+                axes[0].annotate(f"{p['angle']:g}°", (x_, p["min_rel_rate"]), textcoords="offset points",
+                                 xytext=(3, 5), fontsize=6)
+    for ax, ylab in zip(axes, ("min_t,h,starts (dE_h/dt) / kinetic",
+                               "worst per-start drop of min_t,h (dE_h/dt)/kinetic",
+                               "min_t,h C_h / kinetic")):
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xlabel("δ = ||M_h' M_h||_op (= cos of the principal angle)")
+        ax.set_ylabel(ylab)
+        ax.legend(fontsize=7)
+    panel_label(axes[0], f"(a) per-head rate, t ≤ {fmt(t_win)}, ρ_h ≤ 1 at δ = 0")
+    panel_label(axes[1], "(b) drop against δ = 0, same start: ≤ K δ")
+    panel_label(axes[2], "(c) ambient cross-coupling")
     fig_name = save(fig, fig_dir, "e7_near_orthogonal.png")
 
-    table = md_table(["angle", "||M'M||_op", "worst rate (all starts)", "median worst", "fraction of starts with a decrease",
-                      f"worst for t ≤ {fmt(t_early)}", "min (T−R)", "max |C|"],
-                     [[f"{p['angle']:.0f}°", p["overlap_op"], p["worst_rel_rate"], p["median_worst_rel_rate"],
-                       p["fraction_runs_with_decrease"], p["worst_rel_rate_early"],
-                       p["worst_rel_tangent_minus_radial"], p["max_rel_abs_cross"]] for p in per])
-    table += "\n\nRates are relative to the run's peak kinetic term (the total energy's peak rate)."
+    rows = []
+    for kind, f in fams.items():
+        for p in f["per_angle"]:
+            rows.append([kind, f"{p['angle']:g}°", p["delta"], p["min_rel_rate"], p["min_rel_cross"],
+                         p["fraction_starts_with_decrease"]])
+    table = md_table(["heads", "angle", "δ", "min (dE_h/dt)/kinetic", "min C_h/kinetic",
+                      "fraction of kept starts with a decrease"], rows)
+    fa, fi = fams["attractive"], fams["indefinite"]
     measurement = (
-        f"{H} rank-{rank} projector heads in R^{d} with every pairwise principal angle equal (scenes.head_builders."
-        f"near_orthogonal, strength {fmt(strength)}), n = {n} random tokens ({R} starts), rule {rule}, β = {fmt(beta)}, "
-        f"RK4 float64, dt = {fmt(dt)} to t = {fmt(t_end)}, angles {', '.join(f'{a:.0f}°' for a in angles)}. "
-        f"The largest per-head decrease is min over time and heads of `energy_rate_h` divided by the run's peak "
-        f"`kinetic`: median over starts {', '.join(fmt(v, 3) for v in med)} at ||M'M||_op = "
-        f"{', '.join(fmt(v, 3) for v in ov)}; fitted slope {fmt(slope, 3)} ± {fmt(se, 2)} per unit of overlap.")
-    shallower = med[-1] > med[0]
-    cross_pos = all(p["min_rel_cross"] >= -1e-12 for p in per)
-    early_ok = [p["angle"] for p in per if p["worst_rel_rate_early"] >= 0]
-    agreement = (
-        f"Per-head energies fall at every angle, including exactly orthogonal heads (90°: worst "
-        f"{fmt(per[0]['worst_rel_rate'], 3)}, median {fmt(med[0], 3)}; all of it radial shadow, since C_h = 0 there). "
-        f"As the overlap grows the median worst decrease becomes "
-        + ("shallower" if shallower else "deeper")
-        + ("" if np.all(np.diff(med) >= 0) or np.all(np.diff(med) <= 0) else ", though not monotonically,")
-        + f" ({fmt(med[0], 3)} at 90° → {fmt(med[-1], 3)} at {angles[-1]:.0f}°; slope {fmt(slope, 3)} per unit of "
-        f"||M'M||_op): the ambient cross-coupling C_h "
-        + ("is non-negative throughout and " if cross_pos else "")
-        + f"grows to {fmt(per[-1]['max_rel_abs_cross'], 3)} of the peak rate, while min(T_h − R_h) goes "
-        f"{fmt(per[0]['worst_rel_tangent_minus_radial'], 3)} → {fmt(per[-1]['worst_rel_tangent_minus_radial'], 3)}"
-        + (": overlapping heads pull their tokens the same way and the coupling offsets the radial shadow. "
-           if shallower else ". ")
-        + "So the measured decrease is not an O(δ) perturbation of a monotone orthogonal case: at δ = 0 it is "
-        "already the radial-shadow decrease of Experiment 2, and overlap "
-        + ("reduces" if shallower else "adds to")
-        + " it. "
-        + (f"Early on (t ≤ {fmt(t_early)}) no head lost energy at " + ", ".join(f"{a:.0f}°" for a in early_ok) + "."
-           if early_ok else f"Even early on (t ≤ {fmt(t_early)}) some head lost energy at every angle, by at most "
-           f"{fmt(max(abs(p['worst_rel_rate_early']) for p in per), 3)} of the peak rate."))
+        f"{H} rank-{rank} heads in R^{d} with every pairwise principal angle equal (near_orthogonal builder, strength "
+        f"{fmt(strength)}), n = {n} random tokens ({R} starts), rule {rule}, β = {fmt(beta)}, RK4 float64, dt = {fmt(dt)}, "
+        f"window t ≤ {fmt(t_win)}. Kept: the starts whose 90° run has ρ_h ≤ 1 at every logged state "
+        f"(attractive {fa['kept']}/{R}, indefinite {fi['kept']}/{R}); the same starts are then run at every angle. "
+        "Measured per angle: the minimum over time, heads and kept starts of energy_rate_h / kinetic and of "
+        "cross_coupling_h / kinetic.")
+    agreement = " ".join(
+        f"{kind}: at δ = 0 the smallest relative rate is {fmt(f['per_angle'][0]['min_rel_rate'], 3)} (≥ 0 as "
+        f"Condition 8 promises); overlap lowers it by at most K δ with K = {fmt(f['rate_bound']['slope'], 3)} "
+        f"({f['rate_bound']['verdict']}: O(δ)); min C_h goes "
+        f"{fmt(f['per_angle'][0]['min_rel_cross'], 3)} → {fmt(f['per_angle'][-1]['min_rel_cross'], 3)}."
+        for kind, f in fams.items() if f["kept"])
     return Result(
         key="e7_near_orthogonal", title="Near-orthogonal heads", theorem="Theorem 39",
-        what=("Tests how the per-head energy guarantees degrade when heads look at subspaces that are almost, but not "
-              "exactly, orthogonal, as the heads of trained transformers do (principal angles of 70–85°)."),
-        claim=("The per-head statements survive approximate orthogonality: with ||M_h' M_h||_op ≤ δ small against the "
-               "head's own energy, a head's energy decreases by at most O(δ)."),
-        closed_form="||M_h' M_h||_op = λ_h λ_h' cos(principal angle); the bound is O(δ), no explicit constant.",
-        measurement=measurement, agreement=agreement, params=params, numbers=out, checks=checks,
+        what=("Tests how much a head's energy can fall when heads that satisfy radial dominance while exactly "
+              "orthogonal are tilted towards each other, as the heads of trained transformers are (principal "
+              "angles of 70–85°)."),
+        claim=("Where radial dominance (ρ_h ≤ 1) holds at δ = 0, an overlap ||M_h' M_h||_op ≤ δ adds a possible "
+               "per-head decrease of order δ (through C_h, which may then be negative), and no more."),
+        closed_form=("||M_h' M_h||_op = λ_h λ_h' cos(principal angle); the bound is −K δ with no explicit K: "
+                     "the experiment fits the tightest K and the exponent of the decrease in δ."),
+        measurement=measurement, agreement=agreement, params=params,
+        numbers=dict(families=fams, max_overlap_error=max_overlap_err), checks=checks,
         figures=[fig_name], table=table, seconds=time.perf_counter() - t_start)

@@ -105,9 +105,8 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         Check("without the mask the cluster is elsewhere (control)", free_offset, "> 0.05",
               f"median |centre - x_0| of unmasked runs (n = {n_c}, beta = {fmt(beta_c)})", free_offset > 0.05),
     ]
-    for key, f in fits.items():
-        checks.append(Check(f"collapse time vs n at {key}: fitted exponent", f["exponent"], "reported",
-                            "log T = a log n + c on the medians; no claim on the rate", True, note="informational"))
+    # the fits of the collapse time against n are reported (numbers, table, agreement text), not
+    # checked: no rate is claimed
 
     fig, (ax,) = figure(1, 1, width=5.5, height=4.0)
     for i, beta in enumerate(betas):
@@ -124,6 +123,8 @@ def run_experiment(quick: bool, fig_dir) -> Result:
     table = md_table(["n", "β", "median collapse time (∞: over half never)", "collapsed", "times per seed"],
                      [[str(g["n"]), g["beta"], g["median"], f"{g['collapsed']}/{g['total']}",
                        ", ".join(fmt(t, 3) for t in g["times"])] for g in grid])
+    table += "\n\n" + md_table(["fit of log T = a log n + c", "exponent a", "± se", "points"],
+                               [[k, v["exponent"], v["se"], str(v["points"])] for k, v in fits.items()])
     measurement = (
         f"One head with V = I and a random non-symmetric M (d = {D}), causal softmax, random tokens on S^2 "
         f"({seeds} seeds per point), RK4 float64 with dt = {fmt(dt)} up to t = {fmt(t_max)}. Collapse: every token "
