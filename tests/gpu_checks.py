@@ -172,7 +172,7 @@ def trajectory(out: str, arch: str, steps: str = "200") -> None:
     print(f"trajectory: {steps} steps on {sim.arch}")
 
 
-def positions(n: str = str(N_KEY_TILES)) -> None:
+def positions(n: str = str(N_ENSEMBLE), d: str = str(D)) -> None:
     """Masks (causal, windows across key tiles), ALiBi, per-head rules and betas and a
     position-aware rule against the reference: velocity, observables, Euler and RK4 steps;
     then a causal first token with V = I held bit for bit over 40 steps."""
@@ -184,7 +184,7 @@ def positions(n: str = str(N_KEY_TILES)) -> None:
 
     particles.register_rule("gpu_recency", kernel=gpu_recency, overwrite=True)
     recency = ref.PositionalRule(lambda z, i, j, n: 1 / (1 + np.exp(-z)) / (1 + np.abs(i - j)))
-    n = int(n)
+    n, d = int(n), int(d)
     cases = {
         "causal": ([Attention(mask="causal")] * 2, [ref.HeadSpec("softmax", mask="causal")] * 2),
         "window": ([Attention(mask="window", window=70), Attention(mask="causal_window", window=300)],
@@ -195,9 +195,9 @@ def positions(n: str = str(N_KEY_TILES)) -> None:
         "user": ([Attention(rule="gpu_recency"), Attention(rule="gpu_recency", mask="causal")],
                  [ref.HeadSpec(recency), ref.HeadSpec(recency, mask="causal")]),
     }
-    heads = general_heads(2, D, seed=3)
+    heads = general_heads(2, d, seed=3)
     beta, dt = 1.2, 0.05
-    x = random_tokens(n, D, seed=1)
+    x = random_tokens(n, d, seed=1)
     for name, (attention, specs) in cases.items():
         for integrator in ("euler", "rk4"):
             sim = particles.Simulation(x, heads, beta=beta, rule="softmax", dt=dt, integrator=integrator,
@@ -207,7 +207,7 @@ def positions(n: str = str(N_KEY_TILES)) -> None:
             sim.observe()
             (row,) = sim.take_rows()
             for key, value in ref.spec_observables(x, heads, beta, specs).items():
-                assert abs(row[key] - value) <= 2e-4 * max(abs(value), 1e-3), (name, key, row[key], value)
+                assert abs(row[key] - value) <= 2e-4 * max(abs(value), 1e-2), (name, key, row[key], value)
             sim.advance(1)
             want = ref.spec_step(x, heads, beta, specs, "sphere", dt, integrator)
             assert rel_err(sim.tokens, want) < TOL, (name, integrator)
@@ -222,7 +222,7 @@ def positions(n: str = str(N_KEY_TILES)) -> None:
         sim.advance(1)
         assert np.array_equal(sim.native_tokens()[0, 0], first)
     assert np.median(np.abs(sim.tokens[1:] - y[1:] / np.linalg.norm(y[1:], axis=1, keepdims=True))) > 1e-2
-    print(f"positions n={n}: ok on {sim.arch}")
+    print(f"positions n={n} d={d}: ok on {sim.arch}")
 
 
 if __name__ == "__main__":

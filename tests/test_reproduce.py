@@ -257,7 +257,8 @@ def test_docs_model_states_every_checked_theorem():
     for key, mod in EXPERIMENTS:
         theorem = {"e1_energy": "Theorem 12", "e2_radial": "Condition 8", "e3_critical": "Theorem 19",
                    "e4_heterogeneous": "Theorem 22", "e5_relu": "Theorem 25", "e6_entropy": "Theorem 27",
-                   "e7_near_orthogonal": "Theorem 39"}[key]
+                   "e7_near_orthogonal": "Theorem 39",
+                   "e8_causal": "Causal attention collapses onto the first token"}[key]
         assert theorem in text, key
 
 
