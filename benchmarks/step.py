@@ -69,6 +69,34 @@ def tokens(n, d, seed=SEED):
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
 
+def time_per_call(fn, min_time, min_reps, sync=lambda: None):
+    """(best, mean) seconds per call of fn, and the number of timed calls (for benchmarks/gpu.py).
+
+    A timed probe call; if it lasted min_time, it is the timing. Otherwise it was the warm-up,
+    and blocks of calls follow, each block one timed region (sync() around it), until the
+    blocks last >= min_time in all and hold >= min_reps calls."""
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    probe = time.perf_counter() - t0
+    if probe >= min_time:
+        return probe, probe, 1
+    per_block = max(1, math.ceil(min_time / 5 / max(probe, 1e-9)))
+    blocks, calls, spent = [], 0, 0.0
+    while spent < min_time or calls < min_reps:
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(per_block):
+            fn()
+        sync()
+        dt = time.perf_counter() - t0
+        blocks.append(dt / per_block)
+        calls += per_block
+        spent += dt
+    return min(blocks), spent / calls, calls
+
+
 def interleaved(timed, min_time, samples=5):
     """{name: (median, min) seconds per call}: each sample times every implementation in
     turn (calls per sample sized from a probe so a sample lasts ~min_time / samples)."""

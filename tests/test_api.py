@@ -54,7 +54,7 @@ def test_set_beta_and_set_state_equal_a_fresh_simulation():
 
 
 def test_integrators_see_operations_not_the_simulation():
-    sim = make(path="tiled")  # the fused small-n path runs whole steps in one kernel, no integrator
+    sim = make(path="tiled")  # the fused path runs whole steps in one launch, without the integrator
     for name in ("evaluate", "after_first_stage", "axpy", "accumulate", "retract", "x", "xdot"):
         assert not hasattr(sim, name), name
     seen = []
