@@ -154,6 +154,15 @@ class Writer:
         pass
 
 
+class Stopped(Exception):
+    """``should_stop`` said so at state ``step``: every writer has seen every state before it
+    and none has seen it, so a checkpoint now continues exactly (``resume`` serves it)."""
+
+    def __init__(self, step: int):
+        super().__init__(f"stopped at step {step}")
+        self.step = step
+
+
 @dataclass
 class Driver:
     """The loop, with its pending rows; ``drive`` is the one-call form."""
@@ -165,6 +174,7 @@ class Driver:
     max_chunk: int = 0                # at most this many steps per advance call (0: no limit)
     flush_seconds: float = math.inf   # hand out rows at least this often (wall clock)
     on_advance: object = None         # callable(steps_advanced, rows_handed_out_now)
+    should_stop: object = None        # callable() -> bool, asked only at fully served states
     _last_flush: float = field(default=0.0, init=False)
 
     def __post_init__(self):
@@ -192,6 +202,8 @@ class Driver:
         self._last_flush = time.perf_counter()
         while True:
             s = sim.step_count
+            if s < end and self.should_stop is not None and self.should_stop():
+                raise Stopped(s)   # every state before s is served; state s is not yet
             if s == end:
                 sim.check_finite()
             stepped = self._serve(s)
@@ -278,5 +290,5 @@ class Rows(Writer):
         self.rows.extend(rows)
 
 
-__all__ = ["drive", "Driver", "Writer", "State", "Trigger", "Every", "At", "AT_END", "NEVER",
+__all__ = ["drive", "Driver", "Stopped", "Writer", "State", "Trigger", "Every", "At", "AT_END", "NEVER",
            "Rows"]

@@ -192,11 +192,10 @@ class Scene:
         return header + tomli_w.dumps(_plain(self.data))
 
     def save(self, path) -> Path:
-        """Write ``to_toml()`` to ``path`` (atomically: a temporary file, then rename)."""
+        """Write ``to_toml()`` to ``path`` (atomically, never through a link)."""
+        from particles.output import atomic_write_text
         p = Path(path)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(self.to_toml(), encoding="utf-8")
-        os.replace(tmp, p)
+        atomic_write_text(p, self.to_toml())
         return p
 
     def __eq__(self, other) -> bool:
