@@ -1,5 +1,9 @@
 import sys
 
-from .app.cli import main
+try:
+    from .app.cli import main
+except KeyboardInterrupt:   # Ctrl-C while Python is still importing
+    print("interrupted", file=sys.stderr)
+    sys.exit(130)
 
 sys.exit(main())

@@ -151,39 +151,47 @@ class LogWriter:
         self.columns = list(columns)
         header = (",".join(self.columns) + "\n").encode()
         if resume is None:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
-            self._fh = os.fdopen(fd, "wb")
-            self._fh.write(header)
-            self._fh.flush()
-            self.rows_written, self.bytes_written = 0, len(header)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
+            self.rows_written, self.bytes_written = 0, 0
+            self._append(header, 0)
         else:
             rows, size = (int(v) for v in resume)
             check_log_prefix(self.path, self.columns, rows, size)
-            fd = os.open(self.path, os.O_WRONLY | _NOFOLLOW)
-            self._fh = os.fdopen(fd, "wb")
-            os.ftruncate(fd, size)   # rows after the checkpoint will be computed again, identically
-            self._fh.seek(size)
+            self._fd = os.open(self.path, os.O_WRONLY | _NOFOLLOW)
+            os.ftruncate(self._fd, size)   # rows after the checkpoint will be computed again, identically
             self.rows_written, self.bytes_written = rows, size
+
+    def _append(self, data: bytes, rows: int) -> None:
+        """Whole rows or none: a failed write (disk full) is cut back to the last whole row."""
+        view, offset = memoryview(data), self.bytes_written
+        try:
+            while view:
+                done = os.pwrite(self._fd, view, offset)
+                view, offset = view[done:], offset + done
+        except OSError:
+            try:
+                os.ftruncate(self._fd, self.bytes_written)
+            except OSError:
+                pass
+            raise
+        self.rows_written += rows
+        self.bytes_written = offset
 
     def write(self, rows: list[dict]) -> None:
         if not rows:
             return
         lines = [",".join(_format(row.get(c, math.nan)) for c in self.columns) for row in rows]
-        data = ("\n".join(lines) + "\n").encode()
-        self._fh.write(data)
-        self._fh.flush()
-        self.rows_written += len(rows)
-        self.bytes_written += len(data)
+        self._append(("\n".join(lines) + "\n").encode(), len(rows))
 
     def sync(self) -> None:
         """Everything written so far is on disk (before a checkpoint that counts it)."""
-        if not self._fh.closed:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
+        if self._fd is not None:
+            os.fsync(self._fd)
 
     def close(self) -> None:
-        if not self._fh.closed:
-            self._fh.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def check_log_prefix(path: Path, columns: list[str], rows: int, size: int) -> None:

@@ -43,6 +43,7 @@ KIND_SPECIFIC = ("block", "basis", "rank", "angle", "score", "value_matrix")
 VALUES = head_builders.VALUE_MODES
 
 BUILTIN_RULES = ("exp", "softmax", "relu")
+MAX_STEPS = 10**12   # a run of more steps could never finish (and step counts stay exact)
 DYNAMICS_KEYS = ("geometry", "rule", "rule_file", "beta", "betas", "dt", "steps", "t_end",
                  "integrator", "dtype", "arch")
 LOG_KEYS = ("every", "energy", "radial", "entropy", "entropy_rate", "clusters_every",
@@ -592,9 +593,14 @@ def _dynamics(problems, raw, base_dir: Path, replicas) -> dict:
     if sec.has("t_end"):
         t_end = sec.take("t_end", number(0, lo_open=True), store=False)
         if t_end is not MISSING and dt is not MISSING:
-            sec.out["steps"] = steps_from_t_end(t_end, dt)
+            steps = steps_from_t_end(t_end, dt)
+            if steps > MAX_STEPS:
+                sec.problem("t_end", f"t_end / dt = {steps:.3g} steps, more than the {MAX_STEPS} "
+                                     "a run can take")
+            else:
+                sec.out["steps"] = steps
     else:
-        sec.take("steps", integer(1), 1000)
+        sec.take("steps", integer(1, MAX_STEPS), 1000)
     sec.take("integrator", choice("rk4", "euler"), "rk4")
     sec.take("dtype", choice("float32", "float64"), "float32")
     sec.take("arch", choice("cpu", "gpu", "auto"), "cpu")

@@ -61,12 +61,21 @@ def _versions() -> dict:
             "numpy": np.__version__, "python": platform.python_version()}
 
 
-def _fault(err: BaseException) -> str | None:
-    """The reason a run failed, for a fault of the machine or of a run file; None for a bug."""
+def _fault(err: BaseException, folder: Path | None = None) -> str | None:
+    """The reason a run failed, for a fault of the machine or of a run file; None for a bug.
+    An error from a library (the video encoder) on a full disk counts as the full disk."""
     if is_machine_fault(err):
         return describe_os_error(err)
     if isinstance(err, RunFileError):
         return str(err)
+    if folder is not None:
+        try:
+            st = os.statvfs(folder)
+        except OSError:
+            return None
+        if st.f_bavail * st.f_frsize < 64 * 1024:
+            return describe_os_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder))) \
+                + f" ({type(err).__name__}: {err})"
     return None
 
 
@@ -251,7 +260,7 @@ class Runner:
                 message = str(err) + f" Outputs up to the last good step are in {self.run_dir}."
                 driver.drain()
         except Exception as err:  # noqa: BLE001 - a fault is recorded, then reported or re-raised
-            reason = _fault(err)
+            reason = _fault(err, self.run_dir)
             try:
                 self.close("failed", reason or f"internal error: {type(err).__name__}: {err}")
             except Exception:  # noqa: BLE001 - the original error is the one to report
@@ -287,7 +296,7 @@ class Runner:
             try:
                 w.close()
             except Exception as err:  # noqa: BLE001 - the other writers still close
-                failure = failure or _fault(err)
+                failure = failure or _fault(err, self.run_dir)
                 if failure is None:
                     raise
         if failure and reason is None:
@@ -298,7 +307,7 @@ class Runner:
         try:
             self._write_run_json(status, extra)
         except Exception as err:  # noqa: BLE001
-            failure = failure or _fault(err)
+            failure = failure or _fault(err, self.run_dir)
             if failure is None:
                 raise
         return failure

@@ -117,6 +117,9 @@ class RunDirLock:
             os.close(self._fd)   # closing drops the flock
             self._fd = None
 
+    def __del__(self):
+        self.release()
+
     def __enter__(self):
         return self.acquire()
 
