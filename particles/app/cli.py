@@ -62,9 +62,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _paragraph(text: str) -> str:
+    """One paragraph of 100 columns that never splits a path or a file name."""
+    return textwrap.fill(text, width=100, break_on_hyphens=False, break_long_words=False)
+
+
 def _exit_code(result) -> int:
     if result.status == "failed":
-        print(f"error: {textwrap.fill(result.message, width=100)}", file=sys.stderr)
+        print(f"error: {_paragraph(result.message)}", file=sys.stderr)
     return {"completed": 0, "interrupted": 130}.get(result.status, 2)
 
 
@@ -307,12 +312,12 @@ def main(argv=None) -> int:
     except Exception as err:  # noqa: BLE001 - the one place that turns errors into exit codes
         from particles.app.run_dir import describe_os_error, is_machine_fault
         if is_machine_fault(err):
-            print(f"error: {textwrap.fill(describe_os_error(err), width=100)}", file=sys.stderr)
+            print(f"error: {_paragraph(describe_os_error(err))}", file=sys.stderr)
             return 2
         if isinstance(err, user_errors) or _is_user_value_error(err):
             message = str(err).strip() or type(err).__name__
             if "\n" not in message:
-                message = textwrap.fill(message, width=100)
+                message = _paragraph(message)
             print(f"error: {message}", file=sys.stderr)
             return 2
         import traceback
