@@ -600,7 +600,9 @@ def _dynamics(problems, raw, base_dir: Path, replicas) -> dict:
             else:
                 sec.out["steps"] = steps
     else:
-        sec.take("steps", integer(1, MAX_STEPS), 1000)
+        steps = sec.take("steps", integer(1), 1000)
+        if steps is not MISSING and steps > MAX_STEPS:
+            sec.problem("steps", f"{steps} steps could never finish; at most {MAX_STEPS}")
     sec.take("integrator", choice("rk4", "euler"), "rk4")
     sec.take("dtype", choice("float32", "float64"), "float32")
     sec.take("arch", choice("cpu", "gpu", "auto"), "cpu")
