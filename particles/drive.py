@@ -224,14 +224,14 @@ class Driver:
             nxt = min(nxt, s + self.max_chunk)
         return min(nxt, end)
 
-    def _advance(self, steps: int) -> None:
+    def _advance(self, steps: int, drain: bool = True) -> None:
         sim = self.sim
         sim.advance(steps, observe_every=self.observe_every)
         if self.check_every and sim.step_count % self.check_every == 0:
             sim.check_finite()
         rows = []
         now = time.perf_counter()
-        if now - self._last_flush > self.flush_seconds:
+        if drain and now - self._last_flush > self.flush_seconds:
             rows = self.drain()
             self._last_flush = now
         if self.on_advance is not None:
@@ -259,16 +259,23 @@ class Driver:
         tokens = sim.native_tokens() if "tokens" in needs else None
         stepped = False
         if fused:          # observe state s inside the step from it, as a lone step would
-            self._advance(1)
+            self._advance(1, drain=False)
             stepped = True
         elif wanted or "per_token" in needs:
             sim.observe()
-        if any(w.current_rows for w in others):
-            self.drain()
         per_token = sim.per_token() if "per_token" in needs else None
         state = State(s, s * sim.dt, end, tokens, per_token)
+        # Row s must not reach a writer before that writer has seen state s (the log pairs
+        # row s with the cluster count it computes from state s): writers that want current
+        # rows are served after the others and after the drain.
+        current = [w for w in others if w.current_rows]
         for w in others:
-            w.on_state(state)
+            if not w.current_rows:
+                w.on_state(state)
+        if current:
+            self.drain()
+            for w in current:
+                w.on_state(state)
         return stepped
 
 

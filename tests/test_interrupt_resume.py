@@ -158,3 +158,30 @@ def test_resume_extends_a_finished_run_bitwise(tmp_path_factory):
     assert run_scene(busy_scene(steps=STEPS // 2), out, checkpoint_every=6, **QUIET).status == "completed"
     assert resume_run(out, steps=STEPS, **QUIET).status == "completed"
     assert_same_run(out, want_dir)
+
+
+def test_no_cluster_count_is_lost_to_a_video_frame_or_a_timed_flush(tmp_path):
+    """Row s used to reach the log before the log had counted the clusters of state s when a
+    frame (a writer wanting current rows) fell on s, or the wall-clock flush came during the
+    step from s: NaN clusters, differing between otherwise identical runs."""
+    from particles.app.build import build_simulation
+    from particles.app.run_writers import LogCsv
+    from particles.drive import Every, Writer
+    from particles.observables import columns
+
+    class Frames(Writer):
+        current_rows = True
+        needs = frozenset({"tokens"})
+
+        def __init__(self):
+            self.trigger, self.observe = Every(6), Every(1)
+
+    scene = busy_scene()
+    sim = build_simulation(scene)
+    log = LogCsv(tmp_path / "log.csv", columns(sim.n_heads, False, True, False,
+                                               ("energy", "radial", "entropy")), 1, 3, 0.99)
+    Driver(sim, [log, Frames()], 30, flush_seconds=0.0).run()
+    log.close()
+    rows = load_log(tmp_path)
+    counted = rows["step"] % 3 == 0
+    assert counted.sum() == 11 and np.all(np.isfinite(rows["clusters"][counted]))
