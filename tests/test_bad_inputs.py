@@ -103,6 +103,10 @@ def test_sizes_are_checked_before_anything_is_allocated(capsys, monkeypatch, tmp
                            "--set", "tokens.n=10000000", "--steps", 1)
     assert code == 2 and "GiB of memory" in err and "1.0 GiB is available" in err
     assert not (tmp_path / "big" / "log.csv").exists()
+    monkeypatch.undo()
+    code, _, err = run_cli(capsys, "run", "quickstart", "--out", tmp_path / "slow", "--no-render",
+                           "--set", "tokens.n=10000000", "--steps", 1)
+    assert code == 2 and "2e+14 token pairs per evaluation" in err and "Ctrl-C" in err, err
     code, _, err = run_cli(capsys, "run", "quickstart", "--set", "dynamics.steps=100000000000000000000")
     assert code == 2 and "steps could never finish; at most 1000000000000" in err, err
     scene = tmp_path / "long.toml"

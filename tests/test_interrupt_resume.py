@@ -185,3 +185,22 @@ def test_no_cluster_count_is_lost_to_a_video_frame_or_a_timed_flush(tmp_path):
     rows = load_log(tmp_path)
     counted = rows["step"] % 3 == 0
     assert counted.sum() == 11 and np.all(np.isfinite(rows["clusters"][counted]))
+
+
+def test_ctrl_c_while_a_run_is_built_stops_at_once_and_leaves_no_half_run(tmp_path, monkeypatch):
+    """Building and compiling has nothing to save: the signal raises at once (no waiting for a
+    long warm-up) and the folder is left without a half-made run."""
+    import particles.app.run as run_mod
+    real = run_mod.Trajectory
+
+    def trajectory_then_signal(*args, **kwargs):   # scene.toml, log.csv, trajectory/ exist now
+        made = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return made
+
+    monkeypatch.setattr(run_mod, "Trajectory", trajectory_then_signal)
+    with pytest.raises(KeyboardInterrupt):
+        run_scene(busy_scene(), tmp_path / "run", **QUIET)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".lock"]
+    monkeypatch.setattr(run_mod, "Trajectory", real)
+    assert run_scene(busy_scene(), tmp_path / "run", **QUIET).status == "completed"

@@ -10,7 +10,9 @@ import numpy as np
 from particles.rules import get_rule, load_rule_file
 from particles.simulation import Simulation
 
-SLOW_PAIRS = 1e12   # pairs per evaluation above which a run is announced as very slow
+SLOW_PAIRS = 1e11        # pairs per evaluation above which a run is announced as slow
+CPU_PAIR_LIMIT = 1e13    # above this one evaluation takes hours on a CPU, in one kernel call
+                         # that not even Ctrl-C can interrupt
 
 
 def _sections(scene) -> dict:
@@ -73,6 +75,12 @@ def check_size(data: dict, n_heads: int, echo=None) -> None:
                          f"needs about {need / 2**30:.1f} GiB of memory, but {have / 2**30:.1f} GiB "
                          "is available; use fewer tokens or replicas")
     pairs = float(R) * n_heads * n * n
+    if pairs > CPU_PAIR_LIMIT and dyn.get("arch", "cpu") == "cpu":
+        raise ValueError(f"[tokens] n = {n} ({n_heads} heads, {R} replicas) means {pairs:.2g} token "
+                         "pairs per evaluation of the O(n^2) pair pass: on a CPU one evaluation "
+                         "takes hours, inside a single kernel call that Ctrl-C cannot interrupt. "
+                         f"Use fewer tokens (n^2 x heads x replicas up to {CPU_PAIR_LIMIT:.0e}) or "
+                         "arch = 'gpu'")
     if pairs > SLOW_PAIRS and echo is not None:
         echo(f"warning: n = {n} means {pairs:.2g} token pairs per evaluation (the pair pass is "
              "O(n^2)); one step may take minutes to hours, and so does the warm-up")

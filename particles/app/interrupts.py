@@ -15,14 +15,22 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class DeferredInterrupts:
-    """Context manager: SIGINT/SIGTERM set ``signum`` instead of raising (main thread only;
-    elsewhere it does nothing, as no signal is delivered there)."""
+    """Context manager: once ``arm()`` is called, SIGINT/SIGTERM set ``signum`` instead of
+    raising; before that (while a run is built and compiled, with nothing to save yet) they
+    raise KeyboardInterrupt at once. Main thread only; elsewhere it does nothing, as no
+    signal is delivered there."""
 
     def __init__(self):
         self.signum = None
+        self.armed = False
         self._previous = {}
 
+    def arm(self) -> None:
+        self.armed = True
+
     def _handler(self, signum, frame):
+        if not self.armed:
+            raise KeyboardInterrupt
         if self.signum is None:
             self.signum = signum
 

@@ -36,7 +36,7 @@ from .build import build_simulation
 from .checkpoint import CheckpointWriter, read_checkpoint, scene_fingerprint, write_checkpoint
 from .interrupts import DeferredInterrupts
 from .progress import Progress
-from .run_dir import RunDirLock, claim_for_new_run, describe_os_error, is_machine_fault, new_run_dir
+from .run_dir import RunDirLock, claim_for_new_run, clear_run, describe_os_error, is_machine_fault, new_run_dir
 from .run_writers import LogCsv, Trajectory, Video
 from .summary import Summary
 
@@ -152,6 +152,8 @@ class Runner:
                                sim.ensemble, self.rendercfg.get("color_by", "index") in ("radial", "entropy"))
         self.checkpoint = (CheckpointWriter(self.run_dir, self.checkpoint_every, self._checkpoint_state)
                            if self.checkpoint_every else None)
+        if interrupts is not None:
+            interrupts.arm()   # from here on a signal stops the loop at a served state
         self._write_run_json("running")
 
     @property
@@ -332,8 +334,12 @@ def run_scene(scene, out: str | Path | None = None, *, render: bool = True, prog
 
     def start(interrupts):
         claim_for_new_run(run_dir, overwrite, echo)
-        return Runner(scene, run_dir, render=render, progress=progress,
-                      checkpoint_every=checkpoint_every, echo=echo, interrupts=interrupts)
+        try:
+            return Runner(scene, run_dir, render=render, progress=progress,
+                          checkpoint_every=checkpoint_every, echo=echo, interrupts=interrupts)
+        except KeyboardInterrupt:   # before the first step: nothing computed, nothing to keep
+            clear_run(run_dir)
+            raise
 
     return _guarded(run_dir, start, echo)
 
