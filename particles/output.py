@@ -199,17 +199,24 @@ def check_log_prefix(path: Path, columns: list[str], rows: int, size: int) -> No
     path = refuse_link(Path(path))
     header = (",".join(columns) + "\n").encode()
     try:
-        with open(path, "rb") as fh:
-            prefix = fh.read(size)
+        fh = open(path, "rb")
     except FileNotFoundError:
         raise RunFileError(f"{str(path)!r} is missing") from None
-    if len(prefix) < size:
-        raise RunFileError(f"{str(path)!r} holds {len(prefix)} bytes, fewer than the {size} the "
+    with fh:
+        first = fh.read(len(header))
+        if first != header[:size] or size < len(header):
+            raise RunFileError(f"{str(path)!r} does not start with this run's header of "
+                               f"{len(columns)} columns")
+        seen, newlines, last = len(first), 1, first[-1:]
+        while seen < size:               # in blocks: a long run's log can be large
+            block = fh.read(min(1 << 20, size - seen))
+            if not block:
+                break
+            seen, newlines, last = seen + len(block), newlines + block.count(b"\n"), block[-1:]
+    if seen < size:
+        raise RunFileError(f"{str(path)!r} holds {seen} bytes, fewer than the {size} the "
                            "checkpoint counts (it was truncated or replaced)")
-    if not prefix.startswith(header):
-        raise RunFileError(f"{str(path)!r} does not start with this run's header of "
-                           f"{len(columns)} columns")
-    if size and (prefix[-1:] != b"\n" or prefix.count(b"\n") != rows + 1):
+    if last != b"\n" or newlines != rows + 1:
         raise RunFileError(f"{str(path)!r} does not hold the {rows} complete rows the checkpoint "
                            f"counts in its first {size} bytes")
 

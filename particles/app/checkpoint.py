@@ -27,6 +27,7 @@ from particles.output import (RunFileError, atomic_write_bytes, check_log_prefix
 
 CHECKPOINT = "checkpoint.npz"
 PREVIOUS_CHECKPOINT = "previous-checkpoint.npz"
+UNUSABLE = "unusable-checkpoint.npz"
 FORMAT = 2
 _SUMMARY_KEYS = ("first_energy", "last_energy", "final_eps", "max_dominance", "monotone", "previous")
 _COUNTS = ("step", "log_rows", "log_bytes", "trajectory_frames", "trajectory_chunk")
@@ -50,6 +51,15 @@ def write_checkpoint(run_dir: Path, tokens: np.ndarray, state: dict) -> None:
     if path.exists() and not path.is_symlink():
         path.replace(previous)  # keep the last good one
     fresh.replace(path)
+
+
+def _set_aside(path: Path) -> None:
+    """Move an unusable newest checkpoint out of the rotation, so the next checkpoint does not
+    push the good previous one out in its favour."""
+    if path.is_symlink():
+        path.unlink()
+    elif path.exists():
+        path.replace(path.with_name(UNUSABLE))
 
 
 def _read(path: Path) -> tuple[np.ndarray, dict]:
@@ -119,8 +129,11 @@ def read_checkpoint(run_dir: Path, echo=print, **context) -> tuple[np.ndarray, d
         except RunFileError as err:
             reasons.append(f"{name}: {err}")
             continue
-        if reasons and echo is not None:
-            echo(f"warning: {reasons[-1]}; resuming from {name} (step {state['step']}) instead")
+        if reasons:
+            _set_aside(run_dir / CHECKPOINT)
+            if echo is not None:
+                echo(f"warning: {reasons[-1]}; resuming from {name} (step {state['step']}) "
+                     f"instead (the unusable one is kept as {UNUSABLE})")
         return tokens, state
     if all(r.endswith(": missing") for r in reasons):
         raise RunFileError(f"no checkpoint in {str(run_dir)!r} (expected {CHECKPOINT}; run with "

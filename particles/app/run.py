@@ -167,8 +167,10 @@ class Runner:
         if not folder.is_dir() or folder.is_symlink():
             return
         for path in folder.iterdir():
-            stale_chunk = path.name.startswith("chunk_") and path.name.endswith(".npz") and not any(
-                path.name == chunk_name(i) for i in range(first_chunk))
+            index = path.name[len("chunk_"):-len(".npz")]
+            stale_chunk = (path.name.startswith("chunk_") and path.name.endswith(".npz")
+                           and not (index.isdigit() and path.name == chunk_name(int(index))
+                                    and int(index) < first_chunk))
             if stale_chunk or path.name.endswith(".tmp"):
                 remove_file(path)
         for path in self.run_dir.glob(".*.tmp"):

@@ -18,7 +18,8 @@ from particles.output import RunFileError, refuse_link, remove_file
 LOCK = ".lock"
 # What a run writes at the top of its folder (videos are added from run.json and by suffix).
 RUN_FILES = ("run.json", "scene.toml", "log.csv", "checkpoint.npz", "previous-checkpoint.npz",
-             "checkpoint.npz.new", "trajectory", "summary.png", "summary.svg")
+             "checkpoint.npz.new", "trajectory", "unusable-checkpoint.npz", "summary.png",
+             "summary.svg")
 VIDEO_SUFFIXES = (".mp4", ".gif")
 
 
