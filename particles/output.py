@@ -11,7 +11,6 @@ a link where a file belongs) raises RunFileError naming it.
 """
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os

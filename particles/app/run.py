@@ -243,8 +243,9 @@ class Runner:
 
         check_every = max(1, min(1000, self.steps_total // 100 or 1))
         stop = self.interrupts.requested if self.interrupts is not None else None
+        # max_chunk: a deferred Ctrl-C is seen within 16 steps (advance loops per step anyway)
         driver = Driver(sim, self.writers, self.steps_total, check_every=check_every,
-                        flush_seconds=2.0, on_advance=on_advance, should_stop=stop)
+                        max_chunk=16, flush_seconds=2.0, on_advance=on_advance, should_stop=stop)
         try:
             try:
                 driver.run()
