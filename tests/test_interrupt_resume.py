@@ -21,23 +21,23 @@ QUIET = dict(render=False, progress=False, echo=lambda *a: None)
 STEPS = 40
 
 
-def busy_scene(dtype="float32", steps=STEPS):
+def busy_scene(dtype="float32", steps=STEPS, seed=0):
     """Logs, counts clusters and saves the trajectory every step (the issue's racy case)."""
     return load_scene("quickstart", overrides=[
         "tokens.n=12", "log.every=1", "log.clusters_every=1", "log.trajectory_every=1",
-        f"dynamics.steps={steps}", f"dynamics.dtype={dtype}"])
+        f"dynamics.steps={steps}", f"dynamics.dtype={dtype}", f"tokens.seed={seed}"])
 
 
 _REFERENCE = {}
 
 
-def reference(tmp_path_factory, dtype):
-    if dtype not in _REFERENCE:
-        out = tmp_path_factory.mktemp("reference") / dtype
-        result = run_scene(busy_scene(dtype), out, **QUIET)
+def reference(tmp_path_factory, dtype, seed=0):
+    if (dtype, seed) not in _REFERENCE:
+        out = tmp_path_factory.mktemp("reference") / f"{dtype}-{seed}"
+        result = run_scene(busy_scene(dtype, seed=seed), out, **QUIET)
         assert result.status == "completed"
-        _REFERENCE[dtype] = (out, result.summary)
-    return _REFERENCE[dtype]
+        _REFERENCE[dtype, seed] = (out, result.summary)
+    return _REFERENCE[dtype, seed]
 
 
 def assert_same_run(got_dir, want_dir):
@@ -88,21 +88,22 @@ class SignalAt:
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_interrupts_at_random_moments_then_resume_are_bitwise_equal(tmp_path_factory, dtype):
-    want_dir, _ = reference(tmp_path_factory, dtype)
 
-    @settings(max_examples=10, deadline=None, derandomize=True,
+    @settings(max_examples=12, deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(moments=st.lists(st.tuples(st.integers(1, 80), st.booleans(), st.sampled_from(
         [signal.SIGINT, signal.SIGTERM])), min_size=1, max_size=3),
-        checkpoint_every=st.sampled_from([0, 7]))
-    def check(moments, checkpoint_every):
+        checkpoint_every=st.sampled_from([0, 7]), seed=st.sampled_from([0, 1, 2]))
+    def check(moments, checkpoint_every, seed):
+        want_dir, _ = reference(tmp_path_factory, dtype, seed)
         with pytest.MonkeyPatch.context() as mp:
             out = tmp_path_factory.mktemp("interrupted") / "run"
             trap = SignalAt(mp)
             k, after, sig = moments[0]
             trap.sig = sig
             trap.arm(k, after)
-            result = run_scene(busy_scene(dtype), out, checkpoint_every=checkpoint_every, **QUIET)
+            result = run_scene(busy_scene(dtype, seed=seed), out, checkpoint_every=checkpoint_every,
+                               **QUIET)
             for k, after, sig in moments[1:] + [(None, False, sig)] * 4:
                 if result.status == "completed":
                     break
