@@ -284,7 +284,10 @@ class Runner:
         return (f"the run failed at step {self.sim.step_count} of {self.steps_total}: {reason}. The "
                 f"log rows and trajectory chunks written before it are in {self.run_dir}"
                 + (" (a checkpoint is there to resume from once the cause is fixed)"
-                   if (self.run_dir / "checkpoint.npz").exists() else ""))
+                   if (self.run_dir / "checkpoint.npz").exists() else "")
+                + (f"; the video {self.video_path.name} may be unplayable (an MP4 is finished only "
+                   "when it is closed): make it again with `particles render` once the cause is fixed"
+                   if self.video_path is not None else ""))
 
     def _result(self, status: str, message: str) -> RunResult:
         sim = self.sim
