@@ -43,7 +43,7 @@ except Exception:  # pragma: no cover - depends on the machine
     TORCH_AVAILABLE = False
 
 __all__ = ["TORCH_AVAILABLE", "make_factors", "numpy_step", "numpy_step_with_observables",
-           "torch_step", "torch_available"]
+           "numpy_velocity", "numpy_rk4_run", "torch_step", "torch_available", "pair_work"]
 
 
 def make_factors(H, d, r=None, rv=None, scale=1.0, seed=0, dtype=np.float32):
@@ -90,6 +90,45 @@ def numpy_step(x, Q, K, O, W, beta, dt):
         u /= rowsum[:, None]
         v += u @ O[h].T                       # (n, d)
     return _retract_euler(x, v, dt)[0]
+
+
+def numpy_velocity(x, Q, K, O, W, beta):
+    """xdot = P_x sum_h f^h on the sphere (rule softmax, float32), as in numpy_step."""
+    n, d = x.shape
+    b = np.float32(beta)
+    v = np.zeros((n, d), dtype=np.float32)
+    for h in range(Q.shape[0]):
+        S = ((x @ Q[h].T) * b) @ (x @ K[h].T).T
+        S -= S.max(axis=1, keepdims=True)
+        np.exp(S, out=S)
+        u = S @ (x @ W[h].T)
+        u /= S.sum(axis=1)[:, None]
+        v += u @ O[h].T
+    return v - np.einsum("nd,nd->n", v, x)[:, None] * x
+
+
+def numpy_rk4_run(x, Q, K, O, W, beta, dt, steps, observe_every=10):
+    """A plain NumPy RK4 loop (the way a user writes one at small n): ``steps`` steps on the
+    sphere, renormalised after each, with the observables of every observe_every-th state
+    (numpy_step_with_observables' extras; its Euler step is discarded). Returns (x, rows)."""
+    x, Q, K, O, W = _as32(x, Q, K, O, W)
+    h = np.float32(dt)
+    rows = []
+    for step in range(steps):
+        if observe_every and step % observe_every == 0:
+            rows.append(numpy_step_with_observables(x, Q, K, O, W, beta, dt)[1])
+        k1 = numpy_velocity(x, Q, K, O, W, beta)
+        k2 = numpy_velocity(x + (h / 2) * k1, Q, K, O, W, beta)
+        k3 = numpy_velocity(x + (h / 2) * k2, Q, K, O, W, beta)
+        k4 = numpy_velocity(x + h * k3, Q, K, O, W, beta)
+        x = x + (h / 6) * (k1 + 2 * k2 + 2 * k3 + k4)
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return x, rows
+
+
+def pair_work(n, H, r, rv):
+    """(flops, exps) of one velocity evaluation's pair pass: 2 n^2 (r + rv) and n^2 per head."""
+    return 2.0 * H * n * n * (r + rv), float(H) * n * n
 
 
 def numpy_step_with_observables(x, Q, K, O, W, beta, dt):

@@ -1,38 +1,45 @@
-"""Time one Euler step of the engine against the NumPy (and PyTorch) peers.
+"""The engine against its peers and the machine's bound, ratios measured in one process.
 
-    python benchmarks/step.py [--quick] [--sizes 1024,3,4 4096,64,8] [--json out.json]
+    python benchmarks/step.py [--quick] [--sizes 1024,3,4 ...] [--small 64,3,2 ...] [--json out.json]
     python benchmarks/step.py --table a.json b.json     # one table from saved runs
 
-The step: rule softmax, sphere geometry, float32, explicit Euler, H heads given as
-factors (``particles.Head.from_factors(Q[h], K[h], O[h], W[h])``; the peers get the same
-factors). Each size runs with two head structures: full (r = rv = d) and low rank
-(r = rv = max(1, d // H)). Timings are per step, after a warm-up (compile time excluded:
-the Simulation compiles when built), ``ti.sync()`` around every timed region, in one
-process (see ``time_per_call``: the best of about five blocks lasting >= --min-time s in
-all, or a single call when one lasts that long):
+Two regimes, each timed with the peers interleaved (sample 1 of every implementation, then
+sample 2, ...; the median of 5 samples, 3 where one call takes over a second), after a
+warm-up (compile time excluded: the Simulation compiles when built), ``ti.sync()`` around
+every timed region:
 
-    engine       sim.advance(1)
-    engine+obs   sim.advance(1, observe_every=1); sim.take_rows()   (every per-step
-                 observable the NumPy peer computes; entropy_rate stays off, as there)
-    numpy        peers.numpy_step / peers.numpy_step_with_observables
-    torch        peers.torch_step on CPU tensors, when torch imports
+small n (``--small``): RK4, softmax, sphere, float32, observables every 10 steps, a run of
+    steps per sample. engine = ``Simulation(path="auto")`` (the fused path up to 256 tokens),
+    tiled = the per-kernel path, numpy = ``peers.numpy_rk4_run`` (a plain NumPy RK4 loop).
+large n (``--sizes``): one Euler step, softmax, sphere, float32, H heads given as factors
+    (full r = rv = d, and low rank r = rv = max(1, d // H)):
+        engine       sim.advance(1)
+        engine+obs   sim.advance(1, observe_every=1); sim.take_rows()
+        numpy        peers.numpy_step (dense n x n per head, BLAS)
+        torch        peers.torch_step: torch's fused scaled_dot_product_attention, when torch
+                     imports (never a dependency of the project)
+    bound = the pair pass's work at the machine's measured rates, max(2 H n^2 (r + rv) flops /
+    SGEMM rate, H n^2 exps / exp rate), both measured in this run with every core (NumPy
+    float32 matmul at 2048^2; np.exp on float32 in one thread per core). A step cannot beat it.
 
-|dx| is the largest difference between one engine step and one numpy_step from the same
-tokens (both float32).
+Memory (``--no-memory`` skips it): peak RSS growth of one (implementation, size) in a fresh
+subprocess, compile excluded: the child first builds and steps the same kernels at a small n
+(engine) or makes one tiny call (torch), then resets the peak (Linux /proc/self/clear_refs)
+and measures the growth of create, load and one step from there.
 
-Peak memory (max RSS) is measured per (implementation, size, structure) in a fresh
-subprocess, since a process's peak only grows: the engine child builds the Simulation and
-takes a bare and an observed step; the NumPy child takes one numpy_step (and, separately,
-one numpy_step_with_observables). The engine child imports Taichi, the NumPy child does not.
+The CPU model and its vector width are printed and stored: Taichi 1.7's JIT generates code
+for the host CPU (AVX-512 where present), but its LLVM loop vectoriser costs with a generic
+128-bit target, so the full width comes from explicit vectors only (see
+particles/kernels_fused.py).
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -46,7 +53,9 @@ sys.path.insert(0, str(HERE.parent))
 import peers  # noqa: E402
 
 SIZES = [(1024, 3, 4), (1024, 64, 8), (4096, 64, 8), (16384, 16, 4), (16384, 64, 8)]
+SMALL = [(16, 3, 1), (32, 8, 3), (64, 3, 2), (128, 16, 4), (256, 3, 1), (256, 16, 4)]
 BETA, DT, SEED = 1.0, 0.01, 0
+OBSERVE_EVERY = 10  # small-n runs log every 10th state
 
 
 def structures(d, H):
@@ -61,13 +70,11 @@ def tokens(n, d, seed=SEED):
 
 
 def time_per_call(fn, min_time, min_reps, sync=lambda: None):
-    """(best, mean) seconds per call of fn, and the number of timed calls.
+    """(best, mean) seconds per call of fn, and the number of timed calls (for benchmarks/gpu.py).
 
-    A timed probe call; if it lasted min_time, it is the timing (the slowest points take
-    tens of seconds a call). Otherwise it was the warm-up, and blocks of calls follow, each
-    block one timed region (sync() around it), until the blocks last >= min_time in all and
-    hold >= min_reps calls: about five blocks, as on a shared machine the best block is the
-    steadier figure."""
+    A timed probe call; if it lasted min_time, it is the timing. Otherwise it was the warm-up,
+    and blocks of calls follow, each block one timed region (sync() around it), until the
+    blocks last >= min_time in all and hold >= min_reps calls."""
     sync()
     t0 = time.perf_counter()
     fn()
@@ -90,13 +97,105 @@ def time_per_call(fn, min_time, min_reps, sync=lambda: None):
     return min(blocks), spent / calls, calls
 
 
+def interleaved(timed, min_time, samples=5):
+    """{name: (median, min) seconds per call}: each sample times every implementation in
+    turn (calls per sample sized from a probe so a sample lasts ~min_time / samples)."""
+    per, slowest = {}, 0.0
+    for name, (fn, sync) in timed.items():
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        probe = time.perf_counter() - t0
+        slowest = max(slowest, probe)
+        per[name] = max(1, math.ceil(min_time / samples / max(probe, 1e-9)))
+    if slowest > 1.0:
+        samples = min(samples, 3)
+    times = {name: [] for name in timed}
+    for _ in range(samples):
+        for name, (fn, sync) in timed.items():
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(per[name]):
+                fn()
+            sync()
+            times[name].append((time.perf_counter() - t0) / per[name])
+    return {name: (float(np.median(t)), float(np.min(t))) for name, t in times.items()}
+
+
+# -- the machine ----------------------------------------------------------------------------
+
+def cpu_model():
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def vector_width_bits():
+    """The widest SIMD the CPU reports (x86 flags; 128 for NEON)."""
+    try:
+        flags = set()
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags.update(line.split(":", 1)[1].split())
+        if "avx512f" in flags:
+            return 512
+        if "avx2" in flags or "avx" in flags:
+            return 256
+        if flags:
+            return 128
+    except OSError:
+        pass
+    return None
+
+
+def machine_rates(seconds=0.5):
+    """(SGEMM flop/s, exp/s): NumPy float32 matmul at 2048^2 (its BLAS threads), np.exp on
+    float32 arrays in one thread per core (ufuncs release the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+    a = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
+    a @ a
+    best = math.inf
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end or best == math.inf:
+        t0 = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - t0)
+    sgemm = 2.0 * 2048 ** 3 / best
+    cores = os.cpu_count() or 1
+    chunks = [-np.random.default_rng(i).uniform(0, 20, 1 << 20).astype(np.float32) for i in range(cores)]
+    outs = [np.empty_like(c) for c in chunks]
+    reps = 8
+    with ThreadPoolExecutor(cores) as pool:
+        def run(i):
+            for _ in range(reps):
+                np.exp(chunks[i], out=outs[i])
+        list(pool.map(run, range(cores)))
+        best = math.inf
+        t_end = time.perf_counter() + seconds
+        while time.perf_counter() < t_end or best == math.inf:
+            t0 = time.perf_counter()
+            list(pool.map(run, range(cores)))
+            best = min(best, time.perf_counter() - t0)
+    return sgemm, cores * reps * chunks[0].size / best
+
+
+def bound_seconds(n, H, r, rv, rates):
+    flops, exps = peers.pair_work(n, H, r, rv)
+    return max(flops / rates[0], exps / rates[1])
+
+
 # -- the implementations ------------------------------------------------------------------
 
-def engine(x, Q, K, O, W):
+def engine(x, Q, K, O, W, integrator="euler", path="auto"):
     import particles
     heads = [particles.Head.from_factors(Q[h], K[h], O[h], W[h]) for h in range(Q.shape[0])]
     return particles.Simulation(x, heads, beta=BETA, rule="softmax", geometry="sphere", dt=DT,
-                                integrator="euler", dtype="float32")
+                                integrator=integrator, dtype="float32", path=path)
 
 
 def engine_observed(sim):
@@ -104,37 +203,57 @@ def engine_observed(sim):
     return sim.take_rows()
 
 
-def peak_rss_mib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
-
-
-def vm_hwm_mib():
-    """Peak RSS of this address space alone (Linux /proc), None elsewhere. ru_maxrss also
-    counts the parent's pages at exec time; the parent measures memory first, while small."""
+def rss_mib():
+    """(current, peak) RSS of this process in MiB (Linux /proc), or (None, None)."""
+    out = {}
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                out[line[:5]] = int(line.split()[1]) / 1024.0
     except OSError:
         pass
-    return None
+    return out.get("VmRSS"), out.get("VmHWM")
+
+
+def reset_peak():
+    """Start the peak RSS afresh (Linux >= 4.0); False where it cannot."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
 
 
 def child(impl, n, d, H, r, rv):
-    """Run one implementation once in this (fresh) process; print its peak RSS in MiB."""
-    x = tokens(n, d)
+    """Peak RSS growth (MiB) of create + load + one step of ``impl``, compile excluded."""
     Q, K, O, W = peers.make_factors(H, d, r, rv, seed=SEED)
+    if impl == "engine":
+        import particles
+        from particles import kernels
+        warm = engine(tokens(min(n, kernels.LARGE_N), d), Q, K, O, W)  # compiles the same kernels
+        warm.advance(1)
+        engine_observed(warm)
+        del warm
+    elif impl == "torch":
+        import torch
+        peers.torch_step(*(torch.as_tensor(a) for a in (tokens(64, d), Q, K, O, W)), BETA, DT)
+    gc.collect()
+    base, _ = rss_mib()
+    exact = reset_peak()
+    x = tokens(n, d)
     if impl == "engine":
         sim = engine(x, Q, K, O, W)
         sim.advance(1)
         engine_observed(sim)
     elif impl == "numpy":
         peers.numpy_step(x, Q, K, O, W, BETA, DT)
-    elif impl == "numpy_obs":
-        peers.numpy_step_with_observables(x, Q, K, O, W, BETA, DT)
+    elif impl == "torch":
+        import torch
+        peers.torch_step(*(torch.as_tensor(a) for a in (x, Q, K, O, W)), BETA, DT)
     else:
         raise ValueError(impl)
-    print(json.dumps({"peak_rss_mib": peak_rss_mib(), "vm_hwm_mib": vm_hwm_mib()}))
+    _, peak = rss_mib()
+    print(json.dumps({"growth_mib": None if base is None else peak - base, "exact_peak": exact}))
 
 
 def measure_memory(impl, n, d, H, r, rv):
@@ -145,52 +264,66 @@ def measure_memory(impl, n, d, H, r, rv):
         return None
     for line in reversed(out.stdout.splitlines()):
         if line.startswith("{"):
-            return json.loads(line)
+            return json.loads(line)["growth_mib"]
     return None
 
 
 def memory_one(n, d, H, name, r, rv, args):
-    """Peak RSS (MiB) of each implementation for one configuration, in fresh processes."""
-    rec = {}
-    impls = ["engine"] + ([] if args.no_numpy else ["numpy", "numpy_obs"])
-    for impl in impls:
-        m = measure_memory(impl, n, d, H, r, rv)
-        rec[f"rss_{impl}_mib"] = None if m is None else m["peak_rss_mib"]
-        rec[f"hwm_{impl}_mib"] = None if m is None else m.get("vm_hwm_mib")
-    return rec
+    impls = ["engine"] + ([] if args.no_numpy else ["numpy"]) + \
+        (["torch"] if peers.torch_available() and not args.no_torch else [])
+    return {f"mem_{impl}_mib": measure_memory(impl, n, d, H, r, rv) for impl in impls}
 
 
-def bench_one(n, d, H, name, r, rv, args):
+def bench_large(n, d, H, name, r, rv, args, rates):
     import taichi as ti
     x = tokens(n, d)
     Q, K, O, W = peers.make_factors(H, d, r, rv, seed=SEED)
     rec = {"n": n, "d": d, "H": H, "structure": name, "r": r, "rv": rv}
-    mt, mr = args.min_time, args.min_reps
-
     t0 = time.perf_counter()
     sim = engine(x, Q, K, O, W)
     rec["engine_build_s"] = time.perf_counter() - t0
-    # one step from the same state as the peers: how far apart are they?
-    sim.advance(1)
-    x_np = peers.numpy_step(x, Q, K, O, W, BETA, DT)
-    rec["max_abs_diff_vs_numpy"] = float(np.max(np.abs(sim.tokens - x_np)))
+    rec["path"] = sim.path
+    sim.advance(1)  # one step from the peers' state: how far apart are they?
+    rec["max_abs_diff_vs_numpy"] = float(np.max(np.abs(sim.tokens - peers.numpy_step(x, Q, K, O, W, BETA, DT))))
     timed = {"engine": (lambda: sim.advance(1), ti.sync),
              "engine_obs": (lambda: engine_observed(sim), ti.sync)}
     if not args.no_numpy:
         timed["numpy"] = (lambda: peers.numpy_step(x, Q, K, O, W, BETA, DT), lambda: None)
-        timed["numpy_obs"] = (lambda: peers.numpy_step_with_observables(x, Q, K, O, W, BETA, DT),
-                              lambda: None)
     if peers.torch_available() and not args.no_torch:
         import torch
         tx, tQ, tK, tO, tW = (torch.as_tensor(a) for a in (x, Q, K, O, W))
         timed["torch"] = (lambda: peers.torch_step(tx, tQ, tK, tO, tW, BETA, DT), lambda: None)
-    for key, (fn, sync) in timed.items():
-        best, mean, calls = time_per_call(fn, mt, mr, sync)
-        rec[f"{key}_ms"], rec[f"{key}_mean_ms"], rec[f"{key}_calls"] = 1e3 * best, 1e3 * mean, calls
-    rec["obs_overhead_pct"] = 100.0 * (rec["engine_obs_ms"] / rec["engine_ms"] - 1.0)
-    if "numpy_ms" in rec:
-        rec["numpy_over_engine"] = rec["numpy_ms"] / rec["engine_ms"]
-        rec["numpy_obs_over_engine_obs"] = rec["numpy_obs_ms"] / rec["engine_obs_ms"]
+    for key, (med, best) in interleaved(timed, args.min_time).items():
+        rec[f"{key}_ms"], rec[f"{key}_best_ms"] = 1e3 * med, 1e3 * best
+    rec["bound_ms"] = 1e3 * bound_seconds(n, H, r, rv, rates)
+    for peer in ("numpy", "torch", "bound"):
+        if f"{peer}_ms" in rec:
+            rec[f"engine_over_{peer}"] = rec["engine_ms"] / rec[f"{peer}_ms"]
+    return rec
+
+
+def bench_small(n, d, H, args):
+    import taichi as ti
+    x = tokens(n, d)
+    Q, K, O, W = peers.make_factors(H, d, d, d, seed=SEED)
+    rec = {"n": n, "d": d, "H": H, "structure": "full", "r": d, "rv": d}
+    sims = {"engine": engine(x, Q, K, O, W, "rk4"), "tiled": engine(x, Q, K, O, W, "rk4", "tiled")}
+    rec["path"] = sims["engine"].path
+    run = 20 * OBSERVE_EVERY  # steps per call: a whole number of logging periods
+
+    def advance(sim):
+        sim.advance(run, observe_every=OBSERVE_EVERY)
+        sim.take_rows()
+    timed = {key: (lambda s=sim: advance(s), ti.sync) for key, sim in sims.items()}
+    if not args.no_numpy:
+        timed["numpy"] = (lambda: peers.numpy_rk4_run(x, Q, K, O, W, BETA, DT, run, OBSERVE_EVERY),
+                          lambda: None)
+    for key, (med, best) in interleaved(timed, args.min_time).items():
+        rec[f"{key}_us_per_step"] = 1e6 * med / run
+    rec["engine_steps_per_s"] = 1e6 / rec["engine_us_per_step"]
+    rec["tiled_over_engine"] = rec["tiled_us_per_step"] / rec["engine_us_per_step"]
+    if "numpy_us_per_step" in rec:
+        rec["numpy_over_engine"] = rec["numpy_us_per_step"] / rec["engine_us_per_step"]
     return rec
 
 
@@ -198,20 +331,65 @@ def fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
 
+def print_meta(meta):
+    print(f"CPU {meta['cpu_model']}, {meta['cpus']} cores, {meta['vector_width_bits']}-bit vectors; "
+          f"SGEMM {meta['sgemm_gflops']:.0f} GFLOP/s, exp {meta['exp_g_per_s']:.2f} G/s; "
+          f"taichi {meta['taichi']}, torch {meta['torch_version'] or 'absent'}", flush=True)
+
+
+def print_small(records):
+    if not records:
+        return
+    print("\nsmall n: RK4 steps, observables every 10 (us/step; ratios = peer / engine)")
+    print(f"{'n':>5} {'d':>3} {'H':>2} {'path':>6} {'engine':>9} {'steps/s':>9} {'tiled':>9} "
+          f"{'tiled/eng':>9} {'numpy':>9} {'np/eng':>7}")
+    for r in records:
+        print(f"{r['n']:>5} {r['d']:>3} {r['H']:>2} {r['path']:>6} {r['engine_us_per_step']:>9.1f} "
+              f"{r['engine_steps_per_s']:>9.0f} {r['tiled_us_per_step']:>9.1f} {r['tiled_over_engine']:>9.1f} "
+              f"{fmt(r.get('numpy_us_per_step'), '9.1f')} {fmt(r.get('numpy_over_engine'), '7.1f')}", flush=True)
+
+
 def print_table(records):
-    head = (f"{'n':>6} {'d':>3} {'H':>2} {'heads':<9} {'engine':>9} {'eng+obs':>9} {'obs %':>6} "
-            f"{'numpy':>9} {'np/eng':>7} {'torch':>8} {'RSS eng':>8} {'RSS np':>8} {'|dx|':>8}")
-    print(head)
-    print(f"{'':>6} {'':>3} {'':>2} {'':<9} {'ms':>9} {'ms':>9} {'':>6} {'ms':>9} {'':>7} {'ms':>8} "
-          f"{'MiB':>8} {'MiB':>8}")
+    if not records:
+        return
+    print("\nlarge n: one Euler step (ms, medians; ratios = engine / peer, < 1 means the engine is faster)")
+    print(f"{'n':>6} {'d':>3} {'H':>2} {'heads':<9} {'engine':>9} {'eng+obs':>9} {'numpy':>9} {'torch':>8} "
+          f"{'bound':>8} {'e/np':>6} {'e/torch':>7} {'e/bound':>7} {'MiB eng':>7} {'np':>6} {'torch':>6} {'|dx|':>8}")
     for r in records:
         heads = f"{r['structure']} r={r['r']}"
         print(f"{r['n']:>6} {r['d']:>3} {r['H']:>2} {heads:<9} {fmt(r.get('engine_ms'), '9.1f')} "
-              f"{fmt(r.get('engine_obs_ms'), '9.1f')} {fmt(r.get('obs_overhead_pct'), '6.1f')} "
-              f"{fmt(r.get('numpy_ms'), '9.1f')} {fmt(r.get('numpy_over_engine'), '7.2f')} "
-              f"{fmt(r.get('torch_ms'), '8.1f')} {fmt(r.get('rss_engine_mib'), '8.0f')} "
-              f"{fmt(r.get('rss_numpy_mib'), '8.0f')} {fmt(r.get('max_abs_diff_vs_numpy'), '8.1e')}",
-              flush=True)
+              f"{fmt(r.get('engine_obs_ms'), '9.1f')} {fmt(r.get('numpy_ms'), '9.1f')} "
+              f"{fmt(r.get('torch_ms'), '8.1f')} {fmt(r.get('bound_ms'), '8.1f')} "
+              f"{fmt(r.get('engine_over_numpy'), '6.2f')} {fmt(r.get('engine_over_torch'), '7.2f')} "
+              f"{fmt(r.get('engine_over_bound'), '7.2f')} {fmt(r.get('mem_engine_mib'), '7.0f')} "
+              f"{fmt(r.get('mem_numpy_mib'), '6.0f')} {fmt(r.get('mem_torch_mib'), '6.0f')} "
+              f"{fmt(r.get('max_abs_diff_vs_numpy'), '8.1e')}", flush=True)
+
+
+def markdown(run):
+    """The README's tables (markdown) from one saved run."""
+    meta = run["meta"]
+    out = [f"Measured {meta['date']} on {meta['cpu_model']} ({meta['cpus']} cores, "
+           f"{meta['vector_width_bits']}-bit vectors; SGEMM {meta['sgemm_gflops']:.0f} GFLOP/s, "
+           f"exp {meta['exp_g_per_s']:.1f} G/s in this run), torch {meta['torch_version'] or 'absent'}.",
+           "", "| n | d | H | path | engine us/step | steps/s | tiled path | NumPy RK4 loop | NumPy / engine |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in run.get("small", []):
+        out.append(f"| {r['n']} | {r['d']} | {r['H']} | {r['path']} | {r['engine_us_per_step']:.0f} | "
+                   f"{r['engine_steps_per_s']:.0f} | {r['tiled_us_per_step']:.0f} | "
+                   f"{fmt(r.get('numpy_us_per_step'), '.0f')} | {fmt(r.get('numpy_over_engine'), '.1f')}x |")
+    out += ["", "| n | d | H | heads | engine ms | with observables | NumPy ms | torch SDPA ms | bound ms "
+            "| engine / torch | engine / bound | RSS growth engine / NumPy / torch MiB |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in run["results"]:
+        heads = "full" if r["structure"] == "full" else f"rank {r['r']}"
+        out.append(f"| {r['n']} | {r['d']} | {r['H']} | {heads} | {fmt(r.get('engine_ms'), '.1f')} | "
+                   f"{fmt(r.get('engine_obs_ms'), '.1f')} | {fmt(r.get('numpy_ms'), '.1f')} | "
+                   f"{fmt(r.get('torch_ms'), '.1f')} | {fmt(r.get('bound_ms'), '.1f')} | "
+                   f"{fmt(r.get('engine_over_torch'), '.2f')} | {fmt(r.get('engine_over_bound'), '.2f')} | "
+                   f"{fmt(r.get('mem_engine_mib'), '.0f')} / {fmt(r.get('mem_numpy_mib'), '.0f')} / "
+                   f"{fmt(r.get('mem_torch_mib'), '.0f')} |")
+    return "\n".join(out)
 
 
 def parse_size(text):
@@ -223,51 +401,70 @@ def parse_size(text):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="skip n = 16384 and time for 0.2 s per point")
-    ap.add_argument("--sizes", nargs="+", type=parse_size, metavar="N,D,H", help="sizes to run")
+    ap.add_argument("--quick", action="store_true", help="skip n = 16384 and time for 0.5 s per point")
+    ap.add_argument("--sizes", nargs="*", type=parse_size, metavar="N,D,H", help="large-n sizes")
+    ap.add_argument("--small", nargs="*", type=parse_size, metavar="N,D,H", help="small-n sizes")
     ap.add_argument("--structures", nargs="+", choices=("full", "low"), default=("full", "low"))
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    ap.add_argument("--min-time", type=float, default=None, help="seconds per timing (default 1, quick 0.2)")
-    ap.add_argument("--min-reps", type=int, default=3)
+    ap.add_argument("--min-time", type=float, default=None, help="seconds per implementation and point (default 2, quick 0.5)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-RSS subprocesses")
     ap.add_argument("--no-numpy", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
-    ap.add_argument("--table", nargs="+", metavar="JSON", help="print one table from saved runs")
+    ap.add_argument("--table", nargs="+", metavar="JSON", help="print the tables of saved runs")
+    ap.add_argument("--markdown", metavar="JSON", help="print a saved run as the README's markdown tables")
     ap.add_argument("--child", nargs=6, metavar=("IMPL", "N", "D", "H", "R", "RV"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(Path(args.markdown).read_text())))
+        return
     if args.table:
-        print_table([rec for path in args.table for rec in json.loads(Path(path).read_text())["results"]])
+        runs = [json.loads(Path(path).read_text()) for path in args.table]
+        for run in runs:
+            print_meta(run["meta"])
+        print_small([rec for run in runs for rec in run.get("small", [])])
+        print_table([rec for run in runs for rec in run["results"]])
         return
     if args.child:
         impl, *nums = args.child
         child(impl, *map(int, nums))
         return
     if args.min_time is None:
-        args.min_time = 0.2 if args.quick else 1.0
-    sizes = args.sizes or [s for s in SIZES if not (args.quick and s[0] >= 16384)]
+        args.min_time = 0.5 if args.quick else 2.0
+    sizes = args.sizes if args.sizes is not None else [s for s in SIZES if not (args.quick and s[0] >= 16384)]
+    small = args.small if args.small is not None else SMALL
     configs = [(n, d, H, name, r, rv) for (n, d, H) in sizes for name, r, rv in structures(d, H)
                if name in args.structures]
-    # memory first, while this process is small: a child's ru_maxrss starts from the
-    # parent's RSS at fork time
+    # memory first, while this process is small
     memory = [{} if args.no_memory else memory_one(*cfg, args) for cfg in configs]
     import taichi as ti
-    meta = {"python": platform.python_version(), "numpy": np.__version__,
-            "taichi": ".".join(map(str, ti.__version__)), "cpus": os.cpu_count(),
-            "machine": platform.machine(), "torch": peers.torch_available(),
-            "min_time_s": args.min_time, "min_reps": args.min_reps,
-            "load_average_start": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    print(f"one Euler step, softmax, sphere, float32; {os.cpu_count()} CPUs; "
-          f"best per-step times (ms) of ~5 timed blocks", flush=True)
+    sgemm, exp_rate = machine_rates()
+    torch_version = None
+    if peers.torch_available() and not args.no_torch:
+        import torch
+        torch_version = torch.__version__
+    meta = {"cpu_model": cpu_model(), "vector_width_bits": vector_width_bits(),
+            "cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
+            "taichi": ".".join(map(str, ti.__version__)), "torch_version": torch_version,
+            "sgemm_gflops": sgemm / 1e9, "exp_g_per_s": exp_rate / 1e9,
+            "min_time_s": args.min_time, "load_average_start": os.getloadavg(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    print_meta(meta)
+    small_records = []
+    for n, d, H in small:
+        small_records.append(bench_small(n, d, H, args))
+        print(f"  done small n={n} d={d} H={H}", file=sys.stderr, flush=True)
+    print_small(small_records)
     records = []
     for cfg, mem in zip(configs, memory):
-        rec = bench_one(*cfg, args)
+        rec = bench_large(*cfg, args, (sgemm, exp_rate))
         rec.update(mem)
         records.append(rec)
         print(f"  done n={cfg[0]} d={cfg[1]} H={cfg[2]} {cfg[3]}", file=sys.stderr, flush=True)
     print_table(records)
     meta["load_average_end"] = os.getloadavg()
     if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, "results": records}, indent=2))
+        Path(args.json).write_text(json.dumps({"meta": meta, "small": small_records, "results": records},
+                                              indent=2))
 
 
 if __name__ == "__main__":

@@ -348,6 +348,9 @@ class KernelSet:
         for exponential rules on the CPU, the tiled ``FastHeads`` (tuned for CPU SIMD; it
         keeps q, k only if keep_qk)."""
         if self.exponential and ti.lang.impl.current_cfg().arch in (ti.x64, ti.arm64):
+            from .kernels_wide import WIDE_MIN_N, WideHeads
+            if n >= WIDE_MIN_N and not keep_qk:
+                return WideHeads(self._spec, n_replicas, n)
             return FastHeads(self._spec, n_replicas, n, keep_qk)
         if backend.is_gpu():  # keys tiled through shared memory
             return kernels_gpu.TiledHeads(self, *self._gpu_spec)

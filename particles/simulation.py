@@ -6,7 +6,7 @@ from typing import Sequence
 import numpy as np
 import taichi as ti
 
-from . import backend, kernels
+from . import backend, kernels, kernels_fused, kernels_wide
 from .heads import Head
 from .integrators import INTEGRATORS
 from .observables import assemble_rows
@@ -85,12 +85,16 @@ class Simulation:
     tokens: (n, d) or (R, n, d) for an ensemble of R replicas (same heads).
     heads: Head objects, (M, V) pairs, or score matrices M (then V = M).
     beta: one inverse temperature, or one per replica.
+    path: 'fused' (k whole steps per kernel launch: small n, CPU), 'tiled' (a launch per
+    kernel, parallel within a replica: large n, any arch) or 'auto' (fused up to
+    ``kernels_fused.FUSED_MAX_N`` tokens; see ``kernels_fused.choose_path``). Both match the
+    float64 reference to the dtype's tolerance; they need not agree bitwise.
     """
 
     def __init__(self, tokens, heads: Sequence, beta=1.0, rule: str | Rule = "exp",
                  geometry: str = "sphere", dt: float = 0.01, integrator: str = "rk4",
                  dtype: str = "float32", arch: str = "cpu", entropy_rate: bool = False,
-                 batch: int = 64):
+                 batch: int = 64, path: str = "auto"):
         x = np.asarray(tokens, dtype=np.float64)
         self.ensemble = x.ndim == 3
         if x.ndim == 2:
@@ -153,7 +157,7 @@ class Simulation:
         self._heads = self._kern.head_pass(R, n, keep_qk=self.entropy_rate_enabled)
         # The tiled fast path packs its own operands: it reads none of q, k, u, g, and writes
         # q, k only for the entropy rate. Unused ones get a one-element stand-in of the same rank.
-        fast = isinstance(self._heads, kernels.FastHeads)
+        fast = isinstance(self._heads, (kernels.FastHeads, kernels_wide.WideHeads))
         tokens_qk = n if (not fast or self.entropy_rate_enabled) else 1
         tokens_ug = 1 if fast else n
         self._q, self._k = arr(R, H, tokens_qk, r), arr(R, H, tokens_qk, r)
@@ -170,6 +174,9 @@ class Simulation:
         self._pending: list[tuple[int, int]] = []   # (step, slot) of rows not yet copied
         self._rows: list[dict] = []
         self._ops = _Operations(self)
+        self.path = kernels_fused.choose_path(path, n, r, rv, self.arch, self.entropy_rate_enabled)
+        self._fused = kernels_fused.FusedSteps(self.rule, geometry, dtype, d, H, r, rv, integrator,
+                                               R, n) if self.path == "fused" else None
         self._warm_up()
 
     # -- what the integrators' operations object calls --------------------------------------
@@ -250,13 +257,18 @@ class Simulation:
 
     def velocity(self) -> np.ndarray:
         """xdot at the current state, float64 NumPy of the tokens' shape."""
-        self._evaluate(self._x, self._xdot, False)
+        if self._fused is not None:
+            self._fused(self, 0, 0, False, 0)
+        else:
+            self._evaluate(self._x, self._xdot, False)
         v = self._xdot.to_numpy().astype(np.float64)
         return v if self.ensemble else v[0]
 
     def advance(self, steps: int = 1, observe_every: int = 0) -> None:
         """Advance ``steps`` steps; with observe_every = k, record the observables of every
         state whose step count is a multiple of k (before stepping from it)."""
+        if self._fused is not None:
+            return self._advance_fused(int(steps), int(observe_every))
         integ, dt = self.integrator, self.dt
         for _ in range(int(steps)):
             observe = observe_every > 0 and self.step_count % observe_every == 0
@@ -265,6 +277,10 @@ class Simulation:
 
     def observe(self) -> None:
         """Record the observables of the current state without stepping."""
+        if self._fused is not None:
+            self._fused(self, 0, 0, True, len(self._pending))
+            self._logged_fused(self.step_count, 1, 1)
+            return
         self._evaluate(self._x, self._xdot, True)
         self._after_first_stage(True)
 
@@ -321,9 +337,34 @@ class Simulation:
             self._rows.extend(assemble_rows(self, step, red[slot], sumx[slot]))
         self._pending = []
 
+    def _advance_fused(self, steps: int, every: int) -> None:
+        """Launches of as many whole steps as the batch buffer has slots for their rows."""
+        while steps > 0:
+            chunk = steps
+            if every > 0:
+                free = self._batch - len(self._pending)
+                first = -self.step_count % every  # steps before the next logged one
+                chunk = min(steps, first + (free - 1) * every + 1)
+            self._fused(self, chunk, every, False, len(self._pending))
+            self._logged_fused(self.step_count, chunk, every)
+            self.step_count += chunk
+            steps -= chunk
+
+    def _logged_fused(self, start: int, steps: int, every: int) -> None:
+        for step in range(start, start + steps):
+            if every > 0 and step % every == 0:
+                self._pending.append((step, len(self._pending)))
+        if len(self._pending) == self._batch:
+            self._flush()
+
     def _warm_up(self) -> None:
         """Compile every kernel now, so JIT time never lands inside a timed step."""
         kern = self._kern
+        if self._fused is not None:
+            self._fused(self, 0, 0, True, 0)
+            kern.finite_check(self._x)
+            ti.sync()
+            return
         for observe in (False, True):
             self._evaluate(self._x, self._xdot, observe)
         if self.entropy_rate_enabled:

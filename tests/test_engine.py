@@ -9,18 +9,20 @@ from conftest import RTOL, general_heads, random_tokens, rel_err, symmetric_head
 RULES = ("exp", "softmax", "relu")
 
 
+@pytest.mark.parametrize("path", ["fused", "tiled"])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("geometry", ["sphere", "flat"])
 @pytest.mark.parametrize("H", [1, 3])
 @pytest.mark.parametrize("rule", RULES)
-def test_velocity_and_one_step_match_reference(rule, H, geometry, dtype):
+def test_velocity_and_one_step_match_reference(rule, H, geometry, dtype, path):
     n, d, beta, dt = 13, 5, 1.3, 0.05
     x = random_tokens(n, d, seed=H)
     heads = general_heads(H, d, seed=7)
     want = ref.velocity(x, heads, beta, rule, geometry)
     for integrator, stepper in (("euler", ref.step_euler), ("rk4", ref.step_rk4)):
         sim = particles.Simulation(x, heads, beta=beta, rule=rule, geometry=geometry, dt=dt,
-                                   integrator=integrator, dtype=dtype)
+                                   integrator=integrator, dtype=dtype, path=path)
+        assert sim.path == path
         assert rel_err(sim.velocity(), want) < RTOL[dtype]
         sim.advance(1)
         assert rel_err(sim.tokens, stepper(x, heads, beta, rule, geometry, dt)) < RTOL[dtype]
@@ -156,7 +158,8 @@ def test_bad_inputs_give_clear_errors():
         particles.Simulation(x, [np.eye(3)], dt=0)
 
 
-def test_user_rule_registered_from_python():
+@pytest.mark.parametrize("path", ["fused", "tiled"])
+def test_user_rule_registered_from_python(path):
     import taichi as ti
     name = "test_sigmoid_engine"
 
@@ -174,7 +177,7 @@ def test_user_rule_registered_from_python():
     heads = general_heads(2, 4, 2)
     user = ref.UserRule(kernel=lambda z: 1 / (1 + np.exp(-z)), normalization="softmax",
                         potential=lambda z: np.log1p(np.exp(z)))
-    sim = particles.Simulation(x, heads, beta=1.1, rule=name, dtype="float64")
+    sim = particles.Simulation(x, heads, beta=1.1, rule=name, dtype="float64", path=path)
     assert rel_err(sim.velocity(), ref.velocity(x, heads, 1.1, user, "sphere")) < 1e-10
     sim.observe()
     row = sim.take_rows()[0]
@@ -211,4 +214,29 @@ def test_large_tile_path_at_n_above_256_matches_reference(rule):
         row = sim.take_rows()[0]
         tol = 1e-9 if dtype == "float64" else 1e-4
         for key in ("energy_h1", "entropy_mean_h0", "radial_mean_h1", "kinetic", "entropy_rate_h0"):
+            assert abs(row[key] - want[key]) <= tol * max(abs(want[key]), 1e-3), (dtype, key)
+
+
+@pytest.mark.parametrize("rule", ["softmax", "exp"])
+def test_wide_pass_at_large_n_matches_reference(rule):
+    """From kernels_wide.WIDE_MIN_N tokens the full-width pass runs (rows in 512-bit lanes,
+    flash blocks of columns): n not a multiple of any tile, ranks not multiples of AC."""
+    from particles import kernels_wide
+    n, d, beta, rng = kernels_wide.WIDE_MIN_N + 9, 6, 1.3, np.random.default_rng(12)
+    x = random_tokens(n, d, seed=6)
+    factors = [(rng.standard_normal((r, d)), rng.standard_normal((r, d)), rng.standard_normal((d, rv)),
+                rng.standard_normal((rv, d))) for r, rv in ((3, 5), (6, 6))]
+    heads = [particles.Head.from_factors(q, k, o, w) for q, k, o, w in factors]
+    full = [(q.T @ k, o @ w) for q, k, o, w in factors]
+    want_v = ref.velocity(x, full, beta, rule, "sphere")
+    want = ref.observables(x, full, beta, rule, "sphere")
+    for dtype in ("float64", "float32"):
+        sim = particles.Simulation(x, heads, beta=beta, rule=rule, dtype=dtype)
+        assert isinstance(sim._heads, kernels_wide.WideHeads)
+        assert rel_err(sim.velocity(), want_v) < RTOL[dtype]
+        sim.observe()
+        row = sim.take_rows()[0]
+        tol = 1e-9 if dtype == "float64" else 1e-4
+        for key in ("energy_h1", "entropy_mean_h0", "entropy_min_h1", "radial_mean_h1", "kinetic",
+                    "tangent_power_h0", "cross_coupling_h1"):
             assert abs(row[key] - want[key]) <= tol * max(abs(want[key]), 1e-3), (dtype, key)

@@ -327,6 +327,21 @@ def test_numpy_peer_matches_reference_in_float32():
             peers.torch_step(x, Q, K, O, W, beta, dt)
 
 
+def test_numpy_rk4_peer_matches_reference_in_float32():
+    peers = _load_peers()
+    n, d, H, r, rv, beta, dt = 24, 5, 2, 3, 4, 1.5, 0.05
+    Q, K, O, W = peers.make_factors(H, d, r, rv, seed=4)
+    heads = [(Q[h].T.astype(np.float64) @ K[h], O[h].astype(np.float64) @ W[h]) for h in range(H)]
+    x = random_sphere(n, d, 5).astype(np.float32)
+    want = x.astype(np.float64)
+    for _ in range(7):
+        want = ref.step_rk4(want, heads, beta, "softmax", "sphere", dt)
+    got, rows = peers.numpy_rk4_run(x, Q, K, O, W, beta, dt, 7, observe_every=3)
+    assert np.abs(got - want).max() < 1e-5
+    assert len(rows) == 3 and rows[0]["energy"] == pytest.approx(
+        ref.observables(x.astype(np.float64), heads, beta, "softmax", "sphere")["energy"], rel=1e-4)
+
+
 def test_user_rules_reproduce_builtins():
     x = random_sphere(7, 4, 17)
     heads = general_heads(4, 2, 18)

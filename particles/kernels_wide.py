@@ -1,0 +1,236 @@
+"""The large-n pair pass for exponential rules at the CPU's full vector width.
+
+Taichi 1.7's LLVM loop vectoriser costs with a 128-bit target, so the scalarised tiles of
+``kernels.FastHeads`` run 4 float32 lanes; this pass is written with explicit L-lane vectors
+(16 float32 / 8 float64 = 512 bits) compiled unscalarised, rows in lanes:
+
+    project   beta Q_h x over rows, as vectors qv (R, r, nbl); K_h x and W_h x per token,
+              as scalars ks (R, npad, r), us (R, npad, rv), broadcast in the pair pass
+    pair      per group of TR x L rows, columns in blocks of JBK, flash-attention style:
+              scores by register tiles (TR row vectors x JB columns, the rank innermost
+              and contiguous), the block maximum and re-basing of the sums, the weights
+              (vectorised exp), then the weighted sum of u by register tiles (TR row vectors
+              x AC value components); at the end f = O g and the row statistics, scattered
+              to the (R, H, n, d) and (R, H, n, 4) arrays ``kernels.combine`` reads.
+
+One head per launch pair (project, pair), so the projections' memory is that of one head.
+Cost per head: n^2 (r + rv) multiply-adds and n^2 exps, so a rank-r head costs r / d of a
+full one. Memory: O(n (r + rv)) for the projections, plus per worker slot a block of scores
+and the value accumulators (NSLOT x TR x (JBK + rv) vectors): no n x n matrix.
+"""
+import functools
+import os
+
+import taichi as ti
+
+from . import kernels
+from .kernels_fused import CLAMP, vector_helpers
+
+WIDE_MIN_N = 512   # from this many tokens the wide pass replaces FastHeads (benchmarks/step.py)
+TR = 3             # row vectors per register tile (tuned at (2048, 64, 8): 3 x 6 > 2 x 4)
+JB = 6             # columns per score tile
+AC = 8             # value components per accumulator tile
+JBK = 256          # about this many columns per flash block (their scores stay in L1/L2)
+
+
+def _block(JB: int) -> int:
+    """Columns per flash block: a multiple of JB, so score tiles never cross a block (nor the
+    padded end of ks and us)."""
+    return max(1, JBK // JB) * JB
+
+
+class WideHeads:
+    """project + pair (+ f = O g) for R replicas of n tokens; writes f and row."""
+
+    def __init__(self, spec, n_replicas: int, n: int):
+        real, d, H, r, rv, softmax_norm = spec
+        L = 16 if real == ti.f32 else 8
+        self.kernels = _wide_kernels(real, d, H, r, rv, softmax_norm, L, TR, JB, AC)
+        R = n_replicas
+        rows = TR * L
+        ngroups = -(-n // rows)
+        nbl = ngroups * TR
+        npad = -(-n // JB) * JB
+        assert (TR * L) % JB == 0, "the projections fill whole row groups: JB must divide TR L"
+        rvp = -(-rv // AC) * AC
+        vec = ti.types.vector(L, real)
+        self.nslot = min(R * ngroups, 4 * (os.cpu_count() or 1))
+        self.H = H
+        self.xt = ti.ndarray(vec, shape=(R, d, nbl))
+        self.qv = ti.ndarray(vec, shape=(R, r, nbl))       # one head at a time: memory / H
+        self.ks = ti.ndarray(real, shape=(R, npad, r))
+        self.us = ti.ndarray(real, shape=(R, npad, rvp))
+        self.zs = ti.ndarray(vec, shape=(self.nslot, TR, _block(JB)))
+        self.acc = ti.ndarray(vec, shape=(self.nslot, TR, rvp))
+        self._compiled = False
+
+    def __call__(self, x, Q, K, W, O, q, k, u, beta, g, f, row, observe):
+        project, pair = self.kernels
+        with kernels._compile_options(scalarize=False, active=not self._compiled):
+            for h in range(self.H):
+                project(x, Q, K, W, beta, self.xt, self.qv, self.ks, self.us, h)
+                pair(self.qv, self.ks, self.us, O, f, row, self.zs, self.acc, x.shape[1], h)
+        self._compiled = True
+
+
+@functools.lru_cache(maxsize=None)
+def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: int, TR: int,
+                  JB: int, AC: int):
+    f32 = real == ti.f32
+    NEG_BIG = -3.0e38 if f32 else -1.0e300
+    rvp = -(-rv // AC) * AC
+    JBK_ = _block(JB)
+    vec = ti.types.vector(L, real)
+    arr1 = ti.types.ndarray(dtype=real, ndim=1)
+    arr3 = ti.types.ndarray(dtype=real, ndim=3)
+    arr4 = ti.types.ndarray(dtype=real, ndim=4)
+    v3 = ti.types.ndarray(dtype=vec, ndim=3)
+    v4 = ti.types.ndarray(dtype=vec, ndim=4)
+    c, splat, vabs, exp_clamped = vector_helpers(real, L)
+
+    @ti.func
+    def clamp(z):
+        result = z
+        if ti.static(f32):
+            result = ti.max(z, c(CLAMP))
+        return result
+
+    @ti.kernel
+    def project(x: arr3, Qf: arr3, Kf: arr3, Wf: arr3, beta: arr1, xt: v3, qv: v3, ks: arr3,
+                us: arr3, h: ti.i32):
+        """beta Q_h x over rows (vectors); K_h x, W_h x per token (scalars, zero padding).
+        Components run at run time (a static unroll over d = 64 costs seconds of compile)."""
+        R, n = x.shape[0], x.shape[1]
+        nbl = qv.shape[2]
+        npad = ks.shape[1]
+        for b, e, jl in ti.ndrange(R, d, nbl):
+            v = splat(0)
+            for k in range(L):
+                if jl * L + k < n:
+                    v[k] = x[b, jl * L + k, e]
+            xt[b, e, jl] = v
+        ti.loop_config(block_dim=1)
+        for b, jl in ti.ndrange(R, nbl):
+            bt = beta[b]
+            for a in range(r):
+                sq = splat(0)
+                sk = splat(0)
+                for e in range(d):
+                    xe = xt[b, e, jl]
+                    sq += Qf[h, a, e] * xe
+                    sk += Kf[h, a, e] * xe
+                qv[b, a, jl] = sq * bt
+                for k in range(L):
+                    if jl * L + k < npad:
+                        ks[b, jl * L + k, a] = sk[k]
+            for a in range(rvp):
+                su = splat(0)
+                if a < rv:
+                    for e in range(d):
+                        su += Wf[h, a, e] * xt[b, e, jl]
+                for k in range(L):
+                    if jl * L + k < npad:
+                        us[b, jl * L + k, a] = su[k]
+
+    @ti.kernel
+    def pair(qv: v3, ks: arr3, us: arr3, Of: arr3, f: arr4, row: arr4, zs: v3, acc: v3, n: ti.i32,
+             h: ti.i32):
+        """f and the row statistics of head h for every row; worker slot s takes row groups
+        s, s + S, ... (of every replica)"""
+        R = qv.shape[0]
+        ngroups = qv.shape[2] // TR
+        nslot = zs.shape[0]
+        total = R * ngroups
+        ti.loop_config(block_dim=1)  # a slot is a long task: hand them out one by one
+        for s in range(nslot):
+            for step in range((total - s + nslot - 1) // nslot):
+                task = s + step * nslot
+                b = task // ngroups
+                il = (task % ngroups) * TR
+                m = [splat(NEG_BIG) for _ in ti.static(range(TR))]
+                wsum = [splat(0) for _ in ti.static(range(TR))]
+                ent = [splat(0) for _ in ti.static(range(TR))]
+                for t in ti.static(range(TR)):
+                    for a in range(rvp):
+                        acc[s, t, a] = splat(0)
+                for jbi in range((n + JBK_ - 1) // JBK_):
+                    jb = jbi * JBK_
+                    jn = ti.min(JBK_, n - jb)
+                    # scores, TR row vectors x JB columns per tile; block maximum
+                    top = [splat(NEG_BIG) for _ in ti.static(range(TR))]
+                    for j0i in range((jn + JB - 1) // JB):
+                        j0 = j0i * JB
+                        z = [[splat(0) for _ in ti.static(range(JB))] for _ in ti.static(range(TR))]
+                        for a in range(r):
+                            qa = [qv[b, a, il + t] for t in ti.static(range(TR))]
+                            for jj in ti.static(range(JB)):
+                                kj = ks[b, jb + j0 + jj, a]
+                                for t in ti.static(range(TR)):
+                                    z[t][jj] += qa[t] * kj
+                        for jj in ti.static(range(JB)):
+                            live = j0 + jj < jn
+                            for t in ti.static(range(TR)):
+                                zt = ti.select(live, z[t][jj], c(NEG_BIG))
+                                zs[s, t, j0 + jj] = zt
+                                top[t] = ti.max(top[t], zt)
+                    # a new maximum re-bases the sums (scale = e^(m_old - m_new) <= 1)
+                    for t in ti.static(range(TR)):
+                        mn = ti.max(m[t], top[t])
+                        shift = clamp(m[t] - mn)
+                        scale = exp_clamped(shift)
+                        ent[t] = scale * (ent[t] + shift * wsum[t])
+                        wsum[t] = wsum[t] * scale
+                        for a in range(rvp):
+                            acc[s, t, a] = acc[s, t, a] * scale
+                        m[t] = mn
+                    # weights (in place of the scores)
+                    for j in range(jn):
+                        for t in ti.static(range(TR)):
+                            zc = clamp(zs[s, t, j] - m[t])
+                            w = exp_clamped(zc)
+                            zs[s, t, j] = w
+                            wsum[t] += w
+                            ent[t] += w * zc
+                    # the weighted sum of u: TR row vectors x AC components per tile
+                    for a0i in range(rvp // AC):
+                        a0 = a0i * AC
+                        part = [[acc[s, t, a0 + cc] for cc in ti.static(range(AC))]
+                                for t in ti.static(range(TR))]
+                        for j in range(jn):
+                            wt = [zs[s, t, j] for t in ti.static(range(TR))]
+                            for cc in ti.static(range(AC)):
+                                uj = us[b, jb + j, a0 + cc]
+                                for t in ti.static(range(TR)):
+                                    part[t][cc] += wt[t] * uj
+                        for t in ti.static(range(TR)):
+                            for cc in ti.static(range(AC)):
+                                acc[s, t, a0 + cc] = part[t][cc]
+                # normalise, f = O g, the row statistics; scatter the rows of the group
+                for t in ti.static(range(TR)):
+                    norm = splat(0)
+                    logw = splat(0)
+                    for k in range(L):
+                        logw[k] = ti.log(wsum[t][k])
+                        if ti.static(softmax_norm):
+                            norm[k] = c(1) / wsum[t][k]
+                        else:
+                            norm[k] = ti.exp(m[t][k]) / c(n)
+                    i0 = (il + t) * L
+                    for e in range(d):
+                        fe = splat(0)
+                        for a in range(rv):
+                            fe += Of[h, e, a] * acc[s, t, a]
+                        fe = fe * norm
+                        for k in range(L):
+                            if i0 + k < n:
+                                f[b, h, i0 + k, e] = fe[k]
+                    entropy = logw - ent[t] / wsum[t]
+                    energy = m[t] + logw
+                    for k in range(L):
+                        if i0 + k < n:
+                            row[b, h, i0 + k, 0] = m[t][k]
+                            row[b, h, i0 + k, 1] = wsum[t][k]
+                            row[b, h, i0 + k, 2] = entropy[k]
+                            row[b, h, i0 + k, 3] = energy[k]
+
+    return project, pair
