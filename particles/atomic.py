@@ -17,16 +17,21 @@ class SymlinkRefused(OSError):
     """The target of a write is a symbolic link; nothing was written."""
 
 
-def _check_not_symlink(path: Path) -> None:
+def refuse_symlink(path) -> Path:
+    """``path``, unless it is a symbolic link (writing through it could change a file elsewhere)."""
+    path = Path(path)
     if path.is_symlink():
         raise SymlinkRefused(f"refusing to write {str(path)!r}: it is a symbolic link "
-                             f"(to {os.readlink(path)!r}); remove the link or choose another path")
+                             f"(to {os.readlink(path)!r}); particles never writes through a link, "
+                             "which could change a file outside the run directory. Remove the "
+                             "link or choose another path")
+    return path
 
 
 def atomic_write_bytes(path, data: bytes) -> Path:
     """Replace ``path`` with ``data`` atomically (temporary file, fsync, rename)."""
     path = Path(path)
-    _check_not_symlink(path)
+    refuse_symlink(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(tmp, flags, 0o644)
@@ -42,7 +47,21 @@ def atomic_write_bytes(path, data: bytes) -> Path:
         except FileNotFoundError:
             pass
         raise
+    _fsync_folder(path.parent)   # the rename itself survives a power cut
     return path
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder if str(folder) else ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass   # some file systems cannot fsync a folder; the data itself is synced
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path, text: str) -> Path:
@@ -52,9 +71,9 @@ def atomic_write_text(path, text: str) -> Path:
 def open_append(path, **kwargs):
     """Open ``path`` for appending (text), refusing a symbolic link (O_NOFOLLOW)."""
     path = Path(path)
-    _check_not_symlink(path)
+    refuse_symlink(path)
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
     return os.fdopen(os.open(path, flags, 0o644), "a", **kwargs)
 
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "open_append", "SymlinkRefused"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "open_append", "refuse_symlink", "SymlinkRefused"]

@@ -164,6 +164,15 @@ class Writer:
         pass
 
 
+class Stopped(Exception):
+    """``should_stop`` said so at state ``step``: every writer has seen every state before it
+    and none has seen it, so a checkpoint now continues exactly (``resume`` serves it)."""
+
+    def __init__(self, step: int):
+        super().__init__(f"stopped at step {step}")
+        self.step = step
+
+
 @dataclass
 class Driver:
     """The loop, with its pending rows; ``drive`` is the one-call form."""
@@ -175,6 +184,7 @@ class Driver:
     max_chunk: int = 0                # at most this many steps per advance call (0: no limit)
     flush_seconds: float = math.inf   # hand out rows at least this often (wall clock)
     on_advance: object = None         # callable(steps_advanced, rows_handed_out_now)
+    should_stop: object = None        # callable() -> bool, asked only at fully served states
     _last_flush: float = field(default=0.0, init=False)
 
     def __post_init__(self):
@@ -202,6 +212,8 @@ class Driver:
         self._last_flush = time.perf_counter()
         while True:
             s = sim.step_count
+            if s < end and self.should_stop is not None and self.should_stop():
+                raise Stopped(s)   # every state before s is served; state s is not yet
             if s == end:
                 sim.check_finite()
             stepped = self._serve(s)
@@ -221,14 +233,14 @@ class Driver:
             nxt = min(nxt, s + self.max_chunk)
         return min(nxt, end)
 
-    def _advance(self, steps: int) -> None:
+    def _advance(self, steps: int, drain: bool = True) -> None:
         sim = self.sim
         sim.advance(steps, observe_every=self.observe_every)
         if self.check_every and sim.step_count % self.check_every == 0:
             sim.check_finite()
         rows = []
         now = time.perf_counter()
-        if now - self._last_flush > self.flush_seconds:
+        if drain and now - self._last_flush > self.flush_seconds:
             rows = self.drain()
             self._last_flush = now
         if self.on_advance is not None:
@@ -256,16 +268,23 @@ class Driver:
         tokens = sim.native_tokens() if "tokens" in needs else None
         stepped = False
         if fused:          # observe state s inside the step from it, as a lone step would
-            self._advance(1)
+            self._advance(1, drain=False)
             stepped = True
         elif wanted or "per_token" in needs:
             sim.observe()
-        if any(w.current_rows for w in others):
-            self.drain()
         per_token = sim.per_token() if "per_token" in needs else None
         state = State(s, s * sim.dt, end, tokens, per_token)
+        # Row s must not reach a writer before that writer has seen state s (the log pairs
+        # row s with the cluster count it computes from state s): writers that want current
+        # rows are served after the others and after the drain.
+        current = [w for w in others if w.current_rows]
         for w in others:
-            w.on_state(state)
+            if not w.current_rows:
+                w.on_state(state)
+        if current:
+            self.drain()
+            for w in current:
+                w.on_state(state)
         return stepped
 
 
@@ -287,5 +306,5 @@ class Rows(Writer):
         self.rows.extend(rows)
 
 
-__all__ = ["drive", "Driver", "Writer", "State", "Trigger", "Every", "At", "AT_END", "NEVER",
+__all__ = ["drive", "Driver", "Stopped", "Writer", "State", "Trigger", "Every", "At", "AT_END", "NEVER",
            "Rows"]

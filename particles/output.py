@@ -3,23 +3,75 @@
 Everything is written as the run goes, so an interrupted run keeps what it computed:
 the log is flushed after every batch of rows; the trajectory is a folder of compressed
 .npz chunks, each written atomically (temporary file, then rename).
+
+No write follows a symbolic link (particles.atomic refuses a target that is one, and the log
+is opened with O_NOFOLLOW), and a sub-folder that is a link is refused. A file that cannot be
+read back (empty, truncated) raises RunFileError naming it.
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
 
 from .result import Trajectory
 from .atomic import atomic_write_bytes, atomic_write_text, open_append  # noqa: F401 (one writer)
+from .atomic import refuse_symlink as refuse_link  # noqa: F401 (the one link check)
 
 TRAJECTORY_SCHEMA = 1
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+class RunFileError(ValueError):
+    """A run file that is missing or corrupt; the message names it."""
+
+
+
+
+def real_folder(path: Path, create: bool = True) -> Path:
+    """``path`` as a real folder (created if missing): never a link, never a file."""
+    path = refuse_link(path)
+    if create and not path.exists():
+        path.mkdir(parents=True, exist_ok=True)
+        refuse_link(path)
+    if path.exists() and not path.is_dir():
+        raise RunFileError(f"{str(path)!r} is a file, but a folder is needed there")
+    return path
+
+
+def remove_file(path: Path) -> None:
+    """Remove a file or link (a link itself, never its target); a missing one is fine."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def write_json(path: Path, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from a run file, or RunFileError saying what is wrong with it."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise RunFileError(f"{str(path)!r} is missing") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise RunFileError(f"{str(path)!r} cannot be read: {err}") from None
+    if not text.strip():
+        raise RunFileError(f"{str(path)!r} is empty (the run that wrote it was cut off)")
+    try:
+        obj = json.loads(text)
+    except ValueError as err:
+        raise RunFileError(f"{str(path)!r} is not valid JSON ({err}); it is truncated or corrupt") from None
+    if not isinstance(obj, dict):
+        raise RunFileError(f"{str(path)!r} should hold a JSON object, got {type(obj).__name__}")
+    return obj
 
 
 def _json_default(o):
@@ -44,47 +96,107 @@ def _format(value) -> str:
 
 
 class LogWriter:
-    """One CSV row per logged step (and replica). Opens with pandas.read_csv or numpy.genfromtxt."""
+    """One CSV row per logged step (and replica). Opens with pandas.read_csv or numpy.genfromtxt.
 
-    def __init__(self, path: Path, columns: list[str], append: bool = False):
-        self.path = Path(path)
+    ``rows_written`` and ``bytes_written`` count the whole file, across resumes: a checkpoint
+    records them, and ``resume=(rows, bytes)`` cuts the file back to exactly that point.
+    """
+
+    def __init__(self, path: Path, columns: list[str], resume: tuple[int, int] | None = None):
+        self.path = refuse_link(Path(path))
         self.columns = list(columns)
-        exists = append and self.path.exists()
-        if not exists:
-            atomic_write_text(self.path, "")
-        self._fh = open_append(self.path, newline="")
-        if not exists:
-            self._fh.write(",".join(self.columns) + "\n")
-            self._fh.flush()
-        self.rows_written = 0
+        header = (",".join(self.columns) + "\n").encode()
+        if resume is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
+            self.rows_written, self.bytes_written = 0, 0
+            self._append(header, 0)
+        else:
+            rows, size = (int(v) for v in resume)
+            check_log_prefix(self.path, self.columns, rows, size)
+            self._fd = os.open(self.path, os.O_WRONLY | _NOFOLLOW)
+            os.ftruncate(self._fd, size)   # rows after the checkpoint will be computed again, identically
+            self.rows_written, self.bytes_written = rows, size
+
+    def _append(self, data: bytes, rows: int) -> None:
+        """Whole rows or none: a failed write (disk full) is cut back to the last whole row."""
+        view, offset = memoryview(data), self.bytes_written
+        try:
+            while view:
+                done = os.pwrite(self._fd, view, offset)
+                view, offset = view[done:], offset + done
+        except OSError:
+            try:
+                os.ftruncate(self._fd, self.bytes_written)
+            except OSError:
+                pass
+            raise
+        self.rows_written += rows
+        self.bytes_written = offset
 
     def write(self, rows: list[dict]) -> None:
         if not rows:
             return
         lines = [",".join(_format(row.get(c, math.nan)) for c in self.columns) for row in rows]
-        self._fh.write("\n".join(lines) + "\n")
-        self._fh.flush()
-        self.rows_written += len(rows)
+        self._append(("\n".join(lines) + "\n").encode(), len(rows))
+
+    def sync(self) -> None:
+        """Everything written so far is on disk (before a checkpoint that counts it)."""
+        if self._fd is not None:
+            os.fsync(self._fd)
 
     def close(self) -> None:
-        if not self._fh.closed:
-            self._fh.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def check_log_prefix(path: Path, columns: list[str], rows: int, size: int) -> None:
+    """RunFileError unless the first ``size`` bytes of the log are its header and ``rows`` rows."""
+    path = refuse_link(Path(path))
+    header = (",".join(columns) + "\n").encode()
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        raise RunFileError(f"{str(path)!r} is missing") from None
+    with fh:
+        first = fh.read(len(header))
+        if first != header[:size] or size < len(header):
+            raise RunFileError(f"{str(path)!r} does not start with this run's header of "
+                               f"{len(columns)} columns")
+        seen, newlines, last = len(first), 1, first[-1:]
+        while seen < size:               # in blocks: a long run's log can be large
+            block = fh.read(min(1 << 20, size - seen))
+            if not block:
+                break
+            seen, newlines, last = seen + len(block), newlines + block.count(b"\n"), block[-1:]
+    if seen < size:
+        raise RunFileError(f"{str(path)!r} holds {seen} bytes, fewer than the {size} the "
+                           "checkpoint counts (it was truncated or replaced)")
+    if last != b"\n" or newlines != rows + 1:
+        raise RunFileError(f"{str(path)!r} does not hold the {rows} complete rows the checkpoint "
+                           f"counts in its first {size} bytes")
+
+
+def chunk_name(index: int) -> str:
+    return f"chunk_{index:05d}.npz"
 
 
 class TrajectoryWriter:
     """Tokens at chosen steps, as compressed chunks trajectory/chunk_NNNNN.npz
-    (arrays ``steps``, ``times``, ``tokens``) plus trajectory/meta.json (run parameters)."""
+    (arrays ``steps``, ``times``, ``tokens``) plus trajectory/meta.json (run parameters).
 
-    def __init__(self, folder: Path, meta: dict, chunk_frames: int = 50, first_chunk: int = 0):
-        self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+    ``frames_written`` counts every frame on disk, across resumes (``first_frames``)."""
+
+    def __init__(self, folder: Path, meta: dict, chunk_frames: int = 50, first_chunk: int = 0,
+                 first_frames: int = 0):
+        self.folder = real_folder(Path(folder))
         write_json(self.folder / "meta.json", {"schema": TRAJECTORY_SCHEMA, **meta})
         self.chunk_frames = int(chunk_frames)
         self.next_chunk = int(first_chunk)
         self._steps: list[int] = []
         self._times: list[float] = []
         self._tokens: list[np.ndarray] = []
-        self.frames_written = 0
+        self.frames_written = int(first_frames)
 
     def add(self, step: int, time: float, tokens: np.ndarray) -> None:
         self._steps.append(int(step))
@@ -100,13 +212,48 @@ class TrajectoryWriter:
         buf = io.BytesIO()
         np.savez_compressed(buf, steps=np.array(self._steps, dtype=np.int64),
                             times=np.array(self._times), tokens=np.stack(self._tokens))
-        atomic_write_bytes(self.folder / f"chunk_{self.next_chunk:05d}.npz", buf.getvalue())
+        atomic_write_bytes(self.folder / chunk_name(self.next_chunk), buf.getvalue())
         self.frames_written += len(self._steps)
         self.next_chunk += 1
         self._steps, self._times, self._tokens = [], [], []
 
     def close(self) -> None:
         self.flush()
+
+
+def _read_chunk(chunk: Path, keys=("steps", "times", "tokens")) -> dict:
+    refuse_link(chunk)
+    try:
+        with np.load(chunk, allow_pickle=False) as data:
+            out = {k: data[k] for k in keys}
+    except Exception as err:  # noqa: BLE001 - a zip, a header or an array can be broken in many ways
+        raise RunFileError(f"trajectory chunk {str(chunk)!r} is corrupt or truncated "
+                           f"({type(err).__name__}: {err})") from None
+    n = len(out.get("steps", ()))
+    if any(np.ndim(v) < 1 or len(v) != n for v in out.values()):
+        raise RunFileError(f"trajectory chunk {str(chunk)!r} holds arrays of different lengths")
+    return out
+
+
+def trajectory_chunks(folder: Path) -> list[Path]:
+    """The chunk files of a trajectory folder, in order; a gap in the numbering is an error."""
+    chunks = sorted(Path(folder).glob("chunk_*.npz"))
+    for i, chunk in enumerate(chunks):
+        if chunk.name != chunk_name(i):
+            raise RunFileError(f"trajectory {str(folder)!r}: expected {chunk_name(i)}, found "
+                               f"{chunk.name} (a chunk is missing)")
+    return chunks
+
+
+def count_frames(folder: Path, chunks: int) -> int:
+    """Frames in the first ``chunks`` chunk files (RunFileError if one is missing or corrupt)."""
+    total = 0
+    for i in range(chunks):
+        path = Path(folder) / chunk_name(i)
+        if not path.is_file():
+            raise RunFileError(f"trajectory chunk {str(path)!r} is missing")
+        total += len(_read_chunk(path, ("steps",))["steps"])
+    return total
 
 
 def load_trajectory(path: str | Path):
@@ -120,15 +267,21 @@ def load_trajectory(path: str | Path):
         folder = folder / "trajectory"
     if not (folder / "meta.json").is_file():
         raise FileNotFoundError(f"no trajectory in {str(path)!r} (expected trajectory/meta.json)")
-    meta = json.loads((folder / "meta.json").read_text())
-    chunks = sorted(folder.glob("chunk_*.npz"))
+    meta = read_json(folder / "meta.json")
+    chunks = trajectory_chunks(folder)
     if not chunks:
         raise FileNotFoundError(f"trajectory in {str(folder)!r} has no chunks yet")
-    steps, times, tokens = [], [], []
-    for chunk in chunks:
-        with np.load(chunk) as data:
-            steps.append(data["steps"]); times.append(data["times"]); tokens.append(data["tokens"])
-    return Trajectory(np.concatenate(steps), np.concatenate(times), np.concatenate(tokens), meta)
+    parts = [_read_chunk(chunk) for chunk in chunks]
+    shapes = {p["tokens"].shape[1:] for p in parts}
+    if len(shapes) > 1:
+        raise RunFileError(f"trajectory {str(folder)!r} mixes token shapes {sorted(shapes)}: its "
+                           "chunks come from different runs")
+    steps = np.concatenate([p["steps"] for p in parts])
+    if np.any(np.diff(steps) <= 0):
+        raise RunFileError(f"trajectory {str(folder)!r}: steps are not increasing; its chunks come "
+                           "from different runs or an older version of one")
+    return Trajectory(steps, np.concatenate([p["times"] for p in parts]),
+                      np.concatenate([p["tokens"] for p in parts]), meta)
 
 
 def load_log(path: str | Path) -> dict[str, np.ndarray]:
@@ -138,13 +291,24 @@ def load_log(path: str | Path) -> dict[str, np.ndarray]:
     path = Path(path)
     if path.is_dir():
         path = path / "log.csv"
-    if not path.is_file():
-        raise FileNotFoundError(f"log file not found: {str(path)!r}")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")               # a header-only file warns "empty input"
-        data = np.genfromtxt(path, delimiter=",", names=True, dtype=np.float64, deletechars="",
-                             autostrip=True)
-    if data.dtype.names is None:
-        raise ValueError(f"{str(path)!r} has no header row of column names")
-    data = np.atleast_1d(data)
-    return {name: np.asarray(data[name], dtype=np.float64).ravel() for name in data.dtype.names}
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no log at {str(path)!r}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise RunFileError(f"log {str(path)!r} cannot be read: {err}") from None
+    lines = text.splitlines()
+    if not lines or not lines[0].strip():
+        raise RunFileError(f"log {str(path)!r} is empty: it has no header row")
+    names = lines[0].split(",")
+    width = len(names)
+    bad = [i + 2 for i, line in enumerate(lines[1:]) if len(line.split(",")) != width]
+    if bad:
+        raise RunFileError(f"log {str(path)!r}: line {bad[0]} does not have the header's {width} "
+                           f"columns ({len(bad)} such lines); the file is truncated or mixed")
+    try:
+        values = np.array([[float(v) for v in line.split(",")] for line in lines[1:]],
+                          dtype=np.float64).reshape(len(lines) - 1, width)
+    except ValueError as err:
+        raise RunFileError(f"log {str(path)!r} holds a value that is not a number ({err})") from None
+    return {name: values[:, j].copy() for j, name in enumerate(names)}

@@ -153,6 +153,23 @@ def registered_rules() -> dict[str, Rule]:
     return dict(_REGISTRY)
 
 
+class RuleFileError(ValueError):
+    """A user's rule file that cannot be executed (syntax error, an exception, sys.exit)."""
+
+
+def _forget(module_name: str, before: set) -> None:
+    """Undo a failed rule file: its module and any rule it registered before failing."""
+    sys.modules.pop(module_name, None)
+    for name in set(_REGISTRY) - before:
+        del _REGISTRY[name]
+
+
+def _user_line(err: BaseException, path: Path) -> str:
+    import traceback
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if Path(f.filename) == path]
+    return f" at line {frames[-1].lineno}" if frames else ""
+
+
 def load_rule_file(path: str | Path) -> list[str]:
     """Execute a user's Python file that calls ``register_rule``; returns the names it added."""
     path = Path(path).resolve()
@@ -165,6 +182,22 @@ def load_rule_file(path: str | Path) -> list[str]:
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except KeyboardInterrupt:
+        _forget(module_name, before)
+        raise
+    except SyntaxError as err:
+        _forget(module_name, before)
+        raise RuleFileError(f"rule file {str(path)!r} has a syntax error at line {err.lineno}: "
+                            f"{err.msg}") from None
+    except BaseException as err:  # noqa: BLE001 - user code may raise anything, sys.exit included
+        _forget(module_name, before)
+        what = (f"called sys.exit({err.code!r})" if isinstance(err, SystemExit)
+                else f"raised {type(err).__name__}: {err}")
+        line = _user_line(err, path)
+        raise RuleFileError(f"rule file {str(path)!r} {what}{line} while it was executed; "
+                            "nothing was computed. A rule file should only define its functions "
+                            "and call particles.register_rule") from None
     _LOADED_FILES[path] = sorted(set(_REGISTRY) - before)
     return _LOADED_FILES[path]

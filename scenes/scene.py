@@ -176,7 +176,11 @@ class Scene:
                              is_file=path is not None)
         base = Path(base_dir) if base_dir is not None else Path.cwd()
         default_name = path.stem if path is not None else "scene"
-        data, problems = schema.resolve(copy.deepcopy(d), base, default_name)
+        try:
+            data, problems = schema.resolve(copy.deepcopy(d), base, default_name)
+        except RecursionError:   # thousands of nested tables or arrays
+            raise SceneError(source, ["tables or arrays are nested too deeply"],
+                             is_file=path is not None) from None
         if problems:
             raise SceneError(source, problems, is_file=path is not None)
         return cls(data, source, path)
@@ -188,7 +192,11 @@ class Scene:
         source = str(path)
         if not p.is_file():
             raise SceneError(source, [f"file not found: '{p.resolve()}'"])
-        raw = apply_overrides(read_toml(p, source), overrides, source)
+        raw = read_toml(p, source)
+        try:
+            raw = apply_overrides(raw, overrides, source)
+        except RecursionError:
+            raise SceneError(source, ["tables or arrays are nested too deeply"]) from None
         return cls.from_dict(raw, source=source, base_dir=p.resolve().parent, path=p.resolve())
 
     # contents ------------------------------------------------------------------
@@ -237,7 +245,7 @@ class Scene:
         return header + tomli_w.dumps(_plain(self.data))
 
     def save(self, path) -> Path:
-        """Write ``to_toml()`` to ``path`` (atomically: a temporary file, then rename)."""
+        """Write ``to_toml()`` to ``path`` (atomically, never through a link)."""
         from particles.atomic import atomic_write_text
         return atomic_write_text(Path(path), self.to_toml())
 
@@ -286,6 +294,8 @@ def parse_override(text: str):
         parsed = tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
         parsed = value
+    except RecursionError:
+        raise ValueError(f"override {text!r}: the value is nested too deeply") from None
     return parts, parsed
 
 
@@ -352,6 +362,8 @@ def read_toml(path: Path, source: str, error=SceneError) -> dict:
             return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise error(source, [f"invalid TOML: {exc}"]) from None
+    except RecursionError:
+        raise error(source, ["invalid TOML: tables or arrays are nested too deeply"]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise error(source, [f"cannot read the file: {exc}"]) from None
 

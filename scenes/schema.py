@@ -54,6 +54,7 @@ DTYPES = ("float32", "float64")
 ARCHES = ("cpu", "gpu", "auto")
 # the integrator registry owns its names (rk4 first: the default)
 INTEGRATOR_NAMES = tuple(sorted(INTEGRATORS, key=lambda name: name != "rk4"))
+MAX_STEPS = 10**12   # a run of more steps could never finish (and step counts stay exact)
 # copy of particles.attention.MASKS (importing it would start Taichi; tests hold them equal)
 MASKS = ("none", "causal", "window", "causal_window")
 DYNAMICS_KEYS = ("geometry", "rule", "rule_file", "beta", "betas", "dt", "steps", "t_end",
@@ -634,9 +635,16 @@ def _dynamics(problems, raw, base_dir: Path, replicas) -> dict:
     if sec.has("t_end"):
         t_end = sec.take("t_end", number(0, lo_open=True), store=False)
         if t_end is not MISSING and dt is not MISSING:
-            sec.out["steps"] = steps_from_t_end(t_end, dt)
+            steps = steps_from_t_end(t_end, dt)
+            if steps > MAX_STEPS:
+                sec.problem("t_end", f"t_end / dt = {steps:.3g} steps, more than the {MAX_STEPS} "
+                                     "a run can take")
+            else:
+                sec.out["steps"] = steps
     else:
-        sec.take("steps", integer(1), 1000)
+        steps = sec.take("steps", integer(1), 1000)
+        if steps is not MISSING and steps > MAX_STEPS:
+            sec.problem("steps", f"{steps} steps could never finish; at most {MAX_STEPS}")
     sec.take("integrator", choice(*INTEGRATOR_NAMES), "rk4")
     sec.take("dtype", choice(*DTYPES), "float32")
     sec.take("arch", choice(*ARCHES), "cpu")

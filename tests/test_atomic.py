@@ -51,5 +51,9 @@ def test_the_command_line_refuses_a_planted_symlink_as_a_user_error(tmp_path):
     run_dir.mkdir()
     (run_dir / "log.csv").symlink_to(outside)
     proc = particles_cli("run", "quickstart", "--steps", 2, "--no-render", "--quiet", "--out", run_dir)
+    # a folder holding a log is refused as another run's (no --overwrite): nothing is written
+    assert proc.returncode == 2 and "already holds a run" in proc.stderr and "Traceback" not in proc.stderr
+    assert outside.read_text() == "precious" and (run_dir / "log.csv").is_symlink()
+    proc = particles_cli("plot", run_dir)   # reading through the link is refused too
     assert proc.returncode == 2 and "symbolic link" in proc.stderr and "Traceback" not in proc.stderr
     assert outside.read_text() == "precious"

@@ -1,12 +1,20 @@
-"""Checkpoints of a run directory: never a moment without one on disk.
+"""Checkpoints of a run directory: never a moment without one on disk, never one trusted blindly.
 
-checkpoint.npz holds the tokens in the simulation's dtype (exact) and a JSON state (step,
-log rows written, next trajectory chunk, the summary so far). A new checkpoint is written
-beside the old one, the old one becomes previous-checkpoint.npz, then the new one takes its
-name; a run killed between the two renames resumes from the previous one.
+checkpoint.npz holds the tokens in the simulation's dtype (exact) and a JSON state: the step,
+the log's rows and bytes in total (across resumes), the trajectory's frames and next chunk,
+the summary's full state and a fingerprint of the scene. It is written only at a state the
+drive loop has fully served (every row before it handed out, every writer flushed and the log
+fsynced), so what it counts is on disk. A new checkpoint is written beside the old one, the
+old one becomes previous-checkpoint.npz, then the new one takes its name.
+
+On resume a checkpoint is validated (step range, shapes, dtype, finite tokens on the sphere,
+the scene's fingerprint, the log and trajectory it counts); a bad one falls back to the
+previous one with a message, and with neither the user gets a clear error.
 """
 from __future__ import annotations
 
+import copy
+import hashlib
 import io
 import json
 from pathlib import Path
@@ -14,34 +22,125 @@ from pathlib import Path
 import numpy as np
 
 from particles.drive import AT_END, Every, Writer
-from particles.output import atomic_write_bytes
+from particles.output import RunFileError, atomic_write_bytes, check_log_prefix, count_frames
 
 CHECKPOINT = "checkpoint.npz"
 PREVIOUS_CHECKPOINT = "previous-checkpoint.npz"
+UNUSABLE = "unusable-checkpoint.npz"
+FORMAT = 2
+_SUMMARY_KEYS = ("first_energy", "last_energy", "final_eps", "max_dominance", "monotone", "previous")
+_COUNTS = ("step", "log_rows", "log_bytes", "trajectory_frames", "trajectory_chunk")
+
+
+def scene_fingerprint(scene) -> str:
+    """A hash of the resolved scene, less its length (``resume --steps`` may change that)."""
+    data = copy.deepcopy(scene.data if hasattr(scene, "data") else scene)
+    data.get("dynamics", {}).pop("steps", None)
+    data.get("dynamics", {}).pop("t_end", None)
+    text = json.dumps(data, sort_keys=True, default=lambda o: np.asarray(o).tolist())
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def write_checkpoint(run_dir: Path, tokens: np.ndarray, state: dict) -> None:
     buf = io.BytesIO()
-    np.savez(buf, tokens=tokens, state=np.array(json.dumps(state)))
+    np.savez(buf, tokens=tokens, state=np.array(json.dumps({"format": FORMAT, **state})))
     path, previous = Path(run_dir) / CHECKPOINT, Path(run_dir) / PREVIOUS_CHECKPOINT
     fresh = path.with_name(path.name + ".new")
     atomic_write_bytes(fresh, buf.getvalue())
-    if path.exists():
+    if path.exists() and not path.is_symlink():
         path.replace(previous)  # keep the last good one
     fresh.replace(path)
 
 
-def read_checkpoint(run_dir: Path) -> tuple[np.ndarray, dict]:
-    """(tokens, state) of the newest complete checkpoint in ``run_dir``."""
+def _set_aside(path: Path) -> None:
+    """Move an unusable newest checkpoint out of the rotation, so the next checkpoint does not
+    push the good previous one out in its favour."""
+    if path.is_symlink():
+        path.unlink()
+    elif path.exists():
+        path.replace(path.with_name(UNUSABLE))
+
+
+def _read(path: Path) -> tuple[np.ndarray, dict]:
+    if path.is_symlink():   # a planted link is an unusable checkpoint: fall back, never follow it
+        raise RunFileError(f"{str(path)!r} is a symbolic link, not a checkpoint file")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            tokens, state = data["tokens"], json.loads(str(data["state"]))
+    except Exception as err:  # noqa: BLE001 - truncated zips, bad headers, bad JSON alike
+        raise RunFileError(f"it cannot be read ({type(err).__name__}: {err})") from None
+    if not isinstance(state, dict):
+        raise RunFileError("its state is not a JSON object")
+    return tokens, state
+
+
+def validate(tokens, state: dict, *, run_dir: Path, sim, steps_total: int, fingerprint: str,
+             columns: list[str], trajectory: bool) -> None:
+    """RunFileError naming the first thing in this checkpoint that does not fit the run."""
+    if state.get("format") != FORMAT:
+        raise RunFileError(f"it has format {state.get('format')!r}, this version writes {FORMAT}")
+    for key in _COUNTS:
+        value = state.get(key)
+        if type(value) is not int or value < 0:
+            raise RunFileError(f"'{key}' is {value!r}, expected a whole number >= 0")
+    if state["step"] > steps_total:
+        raise RunFileError(f"it is at step {state['step']}, past the run's {steps_total} steps "
+                           f"(extend the run with `particles resume --steps N`, N >= {state['step']})")
+    if state.get("scene") != fingerprint:
+        raise RunFileError("it was written for a different scene (scene.toml changed since)")
+    summary = state.get("summary")
+    if not isinstance(summary, dict) or not all(k in summary for k in _SUMMARY_KEYS) or \
+            not isinstance(summary["max_dominance"], list) or len(summary["max_dominance"]) != sim.n_heads \
+            or not isinstance(summary["previous"], list) \
+            or not all(isinstance(p, list) and len(p) == 3 for p in summary["previous"]):
+        raise RunFileError("its summary state is missing or malformed")
+    shape = (sim.n_replicas, sim.n, sim.d)
+    if not isinstance(tokens, np.ndarray) or tokens.shape != shape:
+        raise RunFileError(f"its tokens have shape {getattr(tokens, 'shape', None)}, the run has {shape}")
+    if tokens.dtype != np.dtype(sim.dtype):
+        raise RunFileError(f"its tokens are {tokens.dtype}, the run computes in {sim.dtype}")
+    if not np.all(np.isfinite(tokens)):
+        raise RunFileError("its tokens hold NaN or Inf")
+    if sim.geometry == "sphere":
+        err = float(np.max(np.abs(np.linalg.norm(tokens.astype(np.float64), axis=-1) - 1.0)))
+        if err > (1e-4 if sim.dtype == "float32" else 1e-10):
+            raise RunFileError(f"its tokens are not on the unit sphere (|x| - 1 up to {err:.3g})")
+    check_log_prefix(Path(run_dir) / "log.csv", columns, state["log_rows"], state["log_bytes"])
+    if trajectory:
+        frames = count_frames(Path(run_dir) / "trajectory", state["trajectory_chunk"])
+        if frames != state["trajectory_frames"]:
+            raise RunFileError(f"it counts {state['trajectory_frames']} trajectory frames in "
+                               f"{state['trajectory_chunk']} chunks, which hold {frames}")
+
+
+def read_checkpoint(run_dir: Path, echo=print, **context) -> tuple[np.ndarray, dict]:
+    """(tokens, state) of the newest checkpoint in ``run_dir`` that passes ``validate``;
+    RunFileError (with each one's reason) when none does."""
     run_dir = Path(run_dir)
-    path = run_dir / CHECKPOINT
-    if not path.is_file():  # killed between the two renames of write_checkpoint
-        path = run_dir / PREVIOUS_CHECKPOINT
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint in {str(run_dir)!r} (expected {CHECKPOINT}; "
-                                "run with --checkpoint-every N to write them)")
-    with np.load(path) as data:
-        return data["tokens"], json.loads(str(data["state"]))
+    reasons = []
+    for name in (CHECKPOINT, PREVIOUS_CHECKPOINT):
+        path = run_dir / name
+        if not path.exists() and not path.is_symlink():
+            reasons.append(f"{name}: missing")
+            continue
+        try:
+            tokens, state = _read(path)
+            validate(tokens, state, run_dir=run_dir, **context)
+        except RunFileError as err:
+            reasons.append(f"{name}: {err}")
+            continue
+        if reasons:
+            _set_aside(run_dir / CHECKPOINT)
+            if echo is not None:
+                echo(f"warning: {reasons[-1]}; resuming from {name} (step {state['step']}) "
+                     f"instead (the unusable one is kept as {UNUSABLE})")
+        return tokens, state
+    if all(r.endswith(": missing") for r in reasons):
+        raise RunFileError(f"no checkpoint in {str(run_dir)!r} (expected {CHECKPOINT}; run with "
+                           "--checkpoint-every N to write them, or interrupt with Ctrl-C, which "
+                           "writes one)")
+    raise RunFileError(f"cannot resume {str(run_dir)!r}: no usable checkpoint. "
+                       + "; ".join(reasons))
 
 
 class CheckpointWriter(Writer):

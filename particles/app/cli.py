@@ -33,7 +33,11 @@ def _user_errors():
     from particles.atomic import SymlinkRefused
     from particles.backend import ArchError
     from particles.rule_check import RuleCompileError
-    return (UserError, SceneError, ArchError, RuleCompileError, FileNotFoundError, SymlinkRefused)
+    from particles.output import RunFileError
+    from particles.rules import RuleFileError
+    from particles.app.run_dir import RunDirError
+    return (UserError, SceneError, ArchError, RuleCompileError, FileNotFoundError, SymlinkRefused,
+            RunFileError, RunDirError, RuleFileError)
 
 
 def _load(scene_arg: str, overrides, steps=None, arch=None, dtype=None):
@@ -50,22 +54,35 @@ def _load(scene_arg: str, overrides, steps=None, arch=None, dtype=None):
 
 
 def _positive_int(text: str) -> int:
+    from scenes.schema import MAX_STEPS
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    if not 1 <= value <= MAX_STEPS:
+        raise argparse.ArgumentTypeError(f"expected a number from 1 to {MAX_STEPS}, got {value}")
     return value
+
+
+def _paragraph(text: str) -> str:
+    """One paragraph of 100 columns that never splits a path or a file name."""
+    return textwrap.fill(text, width=100, break_on_hyphens=False, break_long_words=False)
+
+
+def _exit_code(result) -> int:
+    if result.status == "failed":
+        print(f"error: {_paragraph(result.message)}", file=sys.stderr)
+    return {"completed": 0, "interrupted": 130}.get(result.status, 2)
 
 
 def cmd_run(args) -> int:
     from particles.app.run import run_scene
     scene = _load(args.scene, args.set, args.steps, args.arch, args.dtype)
     result = run_scene(scene, args.out, render=not args.no_render, progress=not args.quiet,
-                       checkpoint_every=args.checkpoint_every or 0, echo=print)
+                       checkpoint_every=args.checkpoint_every or 0, echo=print,
+                       overwrite=args.overwrite)
     _print_summary(result)
-    return 0 if result.status == "completed" else (2 if result.status == "blow-up" else 130)
+    return _exit_code(result)
 
 
 def cmd_resume(args) -> int:
@@ -76,7 +93,7 @@ def cmd_resume(args) -> int:
     result = resume_run(run_dir, steps=args.steps, render=not args.no_render, progress=not args.quiet,
                         checkpoint_every=args.checkpoint_every or 0, echo=print)
     _print_summary(result)
-    return 0 if result.status == "completed" else (2 if result.status == "blow-up" else 130)
+    return _exit_code(result)
 
 
 def _print_summary(result) -> None:
@@ -88,7 +105,7 @@ def _print_summary(result) -> None:
         lines.append(f"  trajectory:    {result.trajectory}")
     if result.video:
         lines.append(f"  video:         {result.video}")
-    if s.get("energy_first") is not None:
+    if s.get("energy_first") is not None and result.status != "failed":
         mono = s["per_head_energy_monotone"]
         lines += [f"  final eps = 1 - mean cosine: {s['final_eps']:.4g}",
                   f"  energy: {s['energy_first']:.6g} -> {s['energy_last']:.6g} (change {s['energy_change']:+.4g})",
@@ -100,7 +117,7 @@ def _print_summary(result) -> None:
                                for h, m in enumerate(mono))]
         if s.get("energy_note"):
             lines.append(f"  note: {s['energy_note']}")
-    if result.message:
+    if result.message and result.status != "failed":
         lines.append("  " + result.message)
     print("\n".join(lines))
 
@@ -162,11 +179,19 @@ def cmd_plot(args) -> int:
         for path in paths:
             print(f"wrote {path}")
         return 0
+    from particles.output import load_log, refuse_link
     log = run_dir / "log.csv" if run_dir.is_dir() else run_dir
     if not log.is_file():
         raise UserError(f"no log found at {str(log)!r} (give a run directory holding log.csv)")
+    columns = load_log(refuse_link(log))
+    if not columns or len(next(iter(columns.values()))) == 0:
+        raise UserError(f"the log {str(log)!r} has no rows yet: nothing to plot")
     stem = Path(args.out) if args.out else (log.parent / "summary")
-    for path in plot_summary(load_log(log), stem):
+    if stem.suffix.lower() in (".png", ".svg"):
+        stem = stem.with_suffix("")
+    for suffix in (".png", ".svg"):   # never write through a link left in the folder
+        refuse_link(Path(str(stem) + suffix))
+    for path in plot_summary(columns, stem):
         print(f"wrote {path}")
     return 0
 
@@ -178,7 +203,11 @@ def cmd_render(args) -> int:
         raise UserError(f"{str(run_dir)!r} is not a run directory (no scene.toml in it)")
     overrides = {k: v for k, v in (("view", args.view), ("color_by", args.color_by), ("fps", args.fps),
                                     ("trails", args.trails)) if v is not None}
-    out = rerender(run_dir, args.out, **overrides)
+    from particles.app.rerender import UntrustedRuleFile
+    try:
+        out = rerender(run_dir, args.out, trust_rule_file=args.trust_rule_file, **overrides)
+    except UntrustedRuleFile as err:
+        raise UserError(str(err)) from None
     print(f"wrote {out}")
     return 0
 
@@ -209,6 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
                    help="write a checkpoint every N steps (for `particles resume`)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--overwrite", action="store_true",
+                   help="if --out already holds a run, remove its files first (default: refuse)")
     scene_options(p)
     p.set_defaults(func=cmd_run)
 
@@ -241,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--color-by", choices=("index", "cluster", "radial", "entropy"))
     p.add_argument("--fps", type=_positive_int)
     p.add_argument("--trails", type=int)
+    p.add_argument("--trust-rule-file", action="store_true",
+                   help="allow executing the run's rule_file (needed by --color-by radial/entropy "
+                        "for a user rule); a run directory from elsewhere can carry any code")
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("sweep", help="run a parameter sweep (ensembles locally, or on Ray)",
@@ -270,22 +304,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 0
+    user_errors = (UserError,)
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 0
         user_errors = _user_errors()
         return args.func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:   # output piped into a reader that stopped (`| head`)
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as err:  # noqa: BLE001 - the one place that turns errors into exit codes
+        from particles.app.run_dir import describe_os_error, is_machine_fault
+        if is_machine_fault(err):
+            print(f"error: {_paragraph(describe_os_error(err))}", file=sys.stderr)
+            return 2
         if isinstance(err, user_errors) or _is_user_value_error(err):
             message = str(err).strip() or type(err).__name__
             if "\n" not in message:
-                message = textwrap.fill(message, width=100)
+                message = _paragraph(message)
             print(f"error: {message}", file=sys.stderr)
             return 2
         import traceback

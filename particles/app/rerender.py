@@ -39,11 +39,17 @@ def run_info(scene, heads, beta: float) -> RunInfo:
                    head_bases=head_bases(heads))
 
 
-def rerender(run_dir, out=None, **overrides) -> Path:
+class UntrustedRuleFile(ValueError):
+    """Re-rendering would execute the run's rule file, and the user has not allowed it."""
+
+
+def rerender(run_dir, out=None, trust_rule_file: bool = False, **overrides) -> Path:
     """Re-render the video of a finished (or interrupted) run from trajectory/ and log.csv,
     without re-simulating. overrides: view, color_by, fps, trails, ... (RenderConfig fields).
-    Per-token colours (radial shadow, entropy) are recomputed from the saved tokens."""
-    from particles.output import load_log, load_trajectory
+    Per-token colours (radial shadow, entropy) are recomputed from the saved tokens, which
+    needs the rule: a user rule file is executed only with ``trust_rule_file`` (a run
+    directory can come from anywhere, and its scene names the file to execute)."""
+    from particles.output import load_log, load_trajectory, refuse_link
     from scenes import load_scene
 
     run_dir = Path(run_dir)
@@ -60,11 +66,19 @@ def rerender(run_dir, out=None, **overrides) -> Path:
     path = Path(out) if out else run_dir / ("rerender" + Path(scene.render.file).suffix)
     if path.suffix.lower() not in (".mp4", ".gif"):
         raise ValueError(f"output {str(path)!r}: the extension must be .mp4 or .gif")
+    refuse_link(path)
     threshold = float(scene.log.cluster_threshold)
     sim = None
     if cfg.color_by in ("radial", "entropy"):  # per-token values: one evaluation per frame
+        rule_file = scene.data["dynamics"].get("rule_file")
+        if rule_file and not trust_rule_file:
+            raise UntrustedRuleFile(
+                f"colouring by {cfg.color_by} needs the run's rule, which is defined by the Python "
+                f"file {rule_file} named in {run_dir / 'scene.toml'}; rendering would execute it. "
+                "If you trust that file, pass --trust-rule-file; otherwise use --color-by index "
+                "or cluster")
         sim = build_simulation(scene, tokens=tokens[0], heads=heads, beta=meta["beta"][0],
-                               entropy_rate=False)
+                               entropy_rate=False, echo=print if rule_file else None)
     panel_keys = [k for k in log if k in ("time", "energy", "layer") or
                   k.startswith(("energy_h", "radial_dominance_h", "entropy_mean_h"))]
     with Animation(path, cfg, run_info(scene, heads, meta["beta"][0]), t_end=float(times[-1]),

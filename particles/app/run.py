@@ -1,18 +1,25 @@
 """A run: a resolved scene -> Simulation -> the drive loop -> its writers, in a run directory.
 
-    run():
-        write scene.toml (resolved) and run.json (versions, arch, seed)
+    run_scene() / resume_run():
+        Ctrl-C and SIGTERM deferred (particles.app.interrupts), the folder locked (one run at
+        a time), refused if it holds another run (unless --overwrite)
+        write scene.toml (resolved) and run.json (versions, arch, seed, status "running")
         drive(sim, [log.csv, summary, trajectory/, video, checkpoint], steps)   (particles.drive)
-        run.json with the status and the summary
+        run.json with the status ("completed", "interrupted", "blow-up", "failed" + reason)
 
 Row k of the log is the state after `step` steps (row 0 = the initial tokens).
-An interrupt (Ctrl-C, SIGTERM) or a blow-up ends the loop cleanly: everything computed
-so far is already on disk, a checkpoint is written, and the result says how to resume.
+An interrupt stops the loop at the next fully served state and writes a checkpoint there;
+`resume` cuts the log and trajectory back to exactly what the checkpoint counts and continues,
+so any number of interrupts give the same files, bitwise, as an uninterrupted run (the video
+of a continuation goes to its own file). A fault of the machine (disk full, read-only) ends
+the run as "failed" with the reason; what was computed before it stays readable.
 """
 from __future__ import annotations
 
+import errno
+import json
+import os
 import platform
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,15 +27,16 @@ from pathlib import Path
 import numpy as np
 
 from particles import __version__
-from particles.drive import Driver
+from particles.drive import Driver, Stopped
 from particles.observables import columns
-from particles.output import write_json
+from particles.output import RunFileError, atomic_write_text, chunk_name, refuse_link, remove_file, write_json
 from particles.simulation import BlowUpError
 
 from .build import build_simulation
-from .checkpoint import CheckpointWriter, read_checkpoint
+from .checkpoint import CheckpointWriter, read_checkpoint, scene_fingerprint, write_checkpoint
+from .interrupts import DeferredInterrupts
 from .progress import Progress
-from .run_dir import new_run_dir, truncate_log
+from .run_dir import RunDirLock, claim_for_new_run, clear_run, describe_os_error, is_machine_fault, new_run_dir
 from .run_writers import LogCsv, Trajectory, Video
 from .summary import Summary, energy_note
 
@@ -41,7 +49,7 @@ class RunResult:
     video: Path | None
     steps_done: int
     steps_total: int
-    status: str                      # "completed", "interrupted", "blow-up"
+    status: str                      # "completed", "interrupted", "blow-up", "failed"
     summary: dict = field(default_factory=dict)
     message: str = ""
     arch: str = ""
@@ -53,20 +61,53 @@ def _versions() -> dict:
             "numpy": np.__version__, "python": platform.python_version()}
 
 
-class _Interrupted(Exception):
-    pass
+def _fault(err: BaseException, folder: Path | None = None) -> str | None:
+    """The reason a run failed, for a fault of the machine or of a run file; None for a bug.
+    An error from a library (the video encoder) on a full disk counts as the full disk."""
+    if is_machine_fault(err):
+        return describe_os_error(err)
+    if isinstance(err, RunFileError):
+        return str(err)
+    if folder is not None:
+        try:
+            st = os.statvfs(folder)
+        except OSError:
+            return None
+        if st.f_bavail * st.f_frsize < 64 * 1024:
+            return describe_os_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder))) \
+                + f" ({type(err).__name__}: {err})"
+    return None
+
+
+def _overwrite_in_place(path: Path, info: dict) -> None:
+    """run.json rewritten in its own blocks when the disk is too full for a temporary copy:
+    the full record if it fits, else the status and reason alone."""
+    brief = {k: info[k] for k in ("scene", "status", "reason", "steps_done", "steps_total") if k in info}
+    for record in (info, brief):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            return
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(json.dumps(record, indent=2, sort_keys=True, default=str).encode() + b"\n")
+            return
+        except OSError:
+            continue
 
 
 class Runner:
     """One run directory: builds the Simulation and the writers, drives it, records the outcome."""
 
     def __init__(self, scene, run_dir: Path, *, render: bool = True, progress: bool = True,
-                 checkpoint_every: int = 0, echo=print, resume: bool = False):
+                 checkpoint_every: int = 0, echo=print, resume: bool = False, interrupts=None):
         self.scene, self.run_dir, self.echo = scene, Path(run_dir), echo
+        self.interrupts = interrupts
         dyn, log, render_cfg = scene.dynamics, scene.log, scene.render
         self.steps_total = int(dyn.steps)
         self.checkpoint_every = int(checkpoint_every)
         self.show_progress = progress
+        self.fingerprint = scene_fingerprint(scene)
         self.sim = sim = build_simulation(scene, echo=echo)
         self.log_every = int(log.every)
         traj_every = int(log.trajectory_every)
@@ -91,23 +132,24 @@ class Runner:
                      "beta": sim.betas.tolist(), "rule": sim.rule.name, "geometry": sim.geometry,
                      "dt": sim.dt, "integrator": sim.integrator.name, "dtype": sim.dtype,
                      "arch": sim.arch, "seed": scene.tokens.seed, "every": traj_every}
-        first_chunk = 0
+        log_resume, first_chunk, first_frames = None, 0, 0
         if resume:
-            tokens, state = read_checkpoint(self.run_dir)
+            tokens, state = read_checkpoint(
+                self.run_dir, echo=echo, sim=sim, steps_total=self.steps_total,
+                fingerprint=self.fingerprint, columns=self.columns, trajectory=traj_every > 0)
             sim.set_tokens(tokens, step=state["step"])
             self.summary.restore(state["summary"])
-            first_chunk = state["trajectory_chunk"]
-            for stale in (self.run_dir / "trajectory").glob("chunk_*.npz"):
-                if int(stale.stem.split("_")[1]) >= first_chunk:
-                    stale.unlink()
-            truncate_log(self.log_path, state["log_rows"])
+            log_resume = (state["log_rows"], state["log_bytes"])
+            first_chunk, first_frames = state["trajectory_chunk"], state["trajectory_frames"]
+            self._cut_trajectory_back(first_chunk)
         else:
             scene.save(self.run_dir / "scene.toml")
         self.cluster_threshold = float(log.cluster_threshold)
         self.log = LogCsv(self.log_path, self.columns, self.log_every, clusters_every,
-                          self.cluster_threshold, append=resume)
+                          self.cluster_threshold, resume=log_resume)
         self.traj = (Trajectory(self.run_dir / "trajectory", traj_meta, traj_every, sim.ensemble,
-                                first_chunk=first_chunk) if traj_every > 0 else None)
+                                first_chunk=first_chunk, first_frames=first_frames)
+                     if traj_every > 0 else None)
         color_by = render_cfg.color_by
         self.video = Video(self._open_animation(resume), self.frame_every, self.log_every, sim.ensemble,
                            color_by in ("radial", "entropy"),
@@ -115,6 +157,8 @@ class Runner:
             if self.render_on else None
         self.checkpoint = (CheckpointWriter(self.run_dir, self.checkpoint_every, self._checkpoint_state)
                            if self.checkpoint_every else None)
+        if interrupts is not None:
+            interrupts.arm()   # from here on a signal stops the loop at a served state
         self._write_run_json("running")
 
     @property
@@ -122,6 +166,21 @@ class Runner:
         return [w for w in (self.log, self.summary, self.traj, self.video, self.checkpoint) if w is not None]
 
     # -- setup helpers ------------------------------------------------------------------------
+    def _cut_trajectory_back(self, first_chunk: int) -> None:
+        """Remove chunks the checkpoint does not count (and temporaries a kill left behind)."""
+        folder = self.run_dir / "trajectory"
+        if not folder.is_dir() or folder.is_symlink():
+            return
+        for path in folder.iterdir():
+            index = path.name[len("chunk_"):-len(".npz")]
+            stale_chunk = (path.name.startswith("chunk_") and path.name.endswith(".npz")
+                           and not (index.isdigit() and path.name == chunk_name(int(index))
+                                    and int(index) < first_chunk))
+            if stale_chunk or path.name.endswith(".tmp"):
+                remove_file(path)
+        for path in self.run_dir.glob(".*.tmp"):
+            remove_file(path)
+
     def _open_animation(self, resume: bool):
         from render import Animation
         from .rerender import render_config, run_info
@@ -139,6 +198,7 @@ class Runner:
             while path.with_name(f"{path.stem}.part{k}{path.suffix}").exists():
                 k += 1
             path = self.video_path = path.with_name(f"{path.stem}.part{k}{path.suffix}")
+        refuse_link(path)
         anim = Animation(path, cfg, info, t_end=self.steps_total * sim.dt)
         anim.__enter__()
         return anim
@@ -153,16 +213,23 @@ class Runner:
                                                    "video": self.video_path.name if self.video_path else None},
                 "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
         info.update(extra or {})
-        write_json(self.run_dir / "run.json", info)
+        try:
+            write_json(self.run_dir / "run.json", info)
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            _overwrite_in_place(self.run_dir / "run.json", info)  # the old file's blocks suffice
+            raise
 
     def _checkpoint_state(self) -> dict:
-        return {"step": self.sim.step_count, "log_rows": self.log.rows_written,
+        return {"step": self.sim.step_count, "steps_total": self.steps_total,
+                "log_rows": self.log.rows_written, "log_bytes": self.log.bytes_written,
+                "trajectory_frames": self.traj.frames_written if self.traj else 0,
                 "trajectory_chunk": self.traj.next_chunk if self.traj else 0,
-                "summary": self.summary.as_dict()}
+                "summary": self.summary.state(), "scene": self.fingerprint}
 
     def write_checkpoint(self) -> None:
-        """A checkpoint now (the loop writes them itself; this is for an interrupted run)."""
-        from .checkpoint import write_checkpoint
+        """A checkpoint now, at a fully served state (the loop writes periodic ones itself)."""
         for w in self.writers:
             w.flush()
         write_checkpoint(self.run_dir, self.sim.native_tokens(), self._checkpoint_state())
@@ -180,51 +247,112 @@ class Runner:
             progress.update(steps)
 
         check_every = max(1, min(1000, self.steps_total // 100 or 1))
+        stop = self.interrupts.requested if self.interrupts is not None else None
+        # max_chunk: a deferred Ctrl-C is seen within 16 steps (advance loops per step anyway)
         driver = Driver(sim, self.writers, self.steps_total, check_every=check_every,
-                        flush_seconds=2.0, on_advance=on_advance)
-        previous_term = signal.getsignal(signal.SIGTERM)
-
-        def on_term(signum, frame):
-            raise _Interrupted()
-
-        try:
-            signal.signal(signal.SIGTERM, on_term)
-        except ValueError:  # not the main thread
-            previous_term = None
+                        max_chunk=16, flush_seconds=2.0, on_advance=on_advance, should_stop=stop)
         try:
             try:
                 driver.run()
-            except (KeyboardInterrupt, _Interrupted):
+            except Stopped:
                 status = "interrupted"
-                message = (f"interrupted at step {sim.step_count} of {self.steps_total}; everything up to "
-                           f"it is saved. Continue with: particles resume {self.run_dir}")
+                what = f" ({self.interrupts.name})" if self.interrupts is not None else ""
+                message = (f"interrupted at step {sim.step_count} of {self.steps_total}{what}; "
+                           f"everything up to it is saved. Continue with: particles resume {self.run_dir}")
                 driver.drain()
                 self.write_checkpoint()
+            except KeyboardInterrupt:  # only without deferral (not the main thread)
+                status = "interrupted"
+                message = (f"interrupted at step {sim.step_count} of {self.steps_total}; resume "
+                           f"continues from the last checkpoint: particles resume {self.run_dir}")
             except BlowUpError as err:
                 status = "blow-up"
                 message = str(err) + f" Outputs up to the last good step are in {self.run_dir}."
                 driver.drain()
+        except Exception as err:  # noqa: BLE001 - a fault is recorded, then reported or re-raised
+            reason = _fault(err, self.run_dir)
+            try:
+                self.close("failed", reason or f"internal error: {type(err).__name__}: {err}")
+            except Exception:  # noqa: BLE001 - the original error is the one to report
+                pass
+            if reason is None:
+                raise
+            return self._result("failed", self._failed_message(reason))
         finally:
             progress.close()
-            if previous_term is not None:
-                signal.signal(signal.SIGTERM, previous_term)
-            self.close(status)
+        failure = self.close(status)
+        if failure:
+            return self._result("failed", self._failed_message(failure))
+        return self._result(status, message)
+
+    def _failed_message(self, reason: str) -> str:
+        return (f"the run failed at step {self.sim.step_count} of {self.steps_total}: {reason}. The "
+                f"log rows and trajectory chunks written before it are in {self.run_dir}"
+                + (" (a checkpoint is there to resume from once the cause is fixed)"
+                   if (self.run_dir / "checkpoint.npz").exists() else "")
+                + (f"; the video {self.video_path.name} may be unplayable (an MP4 is finished only "
+                   "when it is closed): make it again with `particles render` once the cause is fixed"
+                   if self.video_path is not None else ""))
+
+    def _result(self, status: str, message: str) -> RunResult:
+        sim = self.sim
         return RunResult(self.run_dir, self.log_path, self.traj and self.traj.folder, self.video_path,
                          sim.step_count, self.steps_total, status, self.summary.as_dict(), message, sim.arch)
 
-    def close(self, status: str) -> None:
+    def close(self, status: str, reason: str | None = None) -> str | None:
+        """Close every writer, then record the status in run.json. A fault of the machine while
+        doing so makes the run "failed" and is returned (a bug is raised)."""
+        failure = None
         for w in (self.log, self.traj, self.video):
-            if w is not None:
+            if w is None:
+                continue
+            try:
                 w.close()
-        self._write_run_json(status, {"summary": self.summary.as_dict()})
+            except Exception as err:  # noqa: BLE001 - the other writers still close
+                failure = failure or _fault(err, self.run_dir)
+                if failure is None:
+                    raise
+        if failure and reason is None:
+            status, reason = "failed", failure
+        extra = {"summary": self.summary.as_dict()}
+        if reason:
+            extra["reason"] = reason
+        try:
+            self._write_run_json(status, extra)
+        except Exception as err:  # noqa: BLE001
+            failure = failure or _fault(err, self.run_dir)
+            if failure is None:
+                raise
+        return failure
+
+
+def _guarded(run_dir: Path, start, echo):
+    """Lock ``run_dir``, build the Runner with ``start(interrupts)`` and run it, signals deferred."""
+    with DeferredInterrupts() as interrupts, RunDirLock(run_dir):
+        runner = start(interrupts)
+        result = runner.run()
+    if interrupts.requested() and result.status == "completed":
+        echo(f"({interrupts.name} arrived as the run finished: it completed and every file is closed)")
+    return result
 
 
 def run_scene(scene, out: str | Path | None = None, *, render: bool = True, progress: bool = True,
-              checkpoint_every: int = 0, echo=print) -> RunResult:
-    """Run a resolved scene into a new run directory; returns where everything went."""
+              checkpoint_every: int = 0, echo=print, overwrite: bool = False) -> RunResult:
+    """Run a resolved scene into a new run directory; returns where everything went.
+
+    A folder that already holds a run is refused (RunDirError) unless ``overwrite``."""
     run_dir = new_run_dir(scene, out)
-    return Runner(scene, run_dir, render=render, progress=progress,
-                  checkpoint_every=checkpoint_every, echo=echo).run()
+
+    def start(interrupts):
+        claim_for_new_run(run_dir, overwrite, echo)
+        try:
+            return Runner(scene, run_dir, render=render, progress=progress,
+                          checkpoint_every=checkpoint_every, echo=echo, interrupts=interrupts)
+        except KeyboardInterrupt:   # before the first step: nothing computed, nothing to keep
+            clear_run(run_dir)
+            raise
+
+    return _guarded(run_dir, start, echo)
 
 
 def resume_run(run_dir: str | Path, *, steps: int | None = None, render: bool = True,
@@ -235,13 +363,19 @@ def resume_run(run_dir: str | Path, *, steps: int | None = None, render: bool = 
     """
     from scenes import load_scene
     run_dir = Path(run_dir)
-    scene = load_scene(run_dir / "scene.toml")
-    if steps is not None:
-        scene = scene.replace(dynamics={"steps": int(steps)})
-        scene.save(run_dir / "scene.toml")
-    runner = Runner(scene, run_dir, render=render, progress=progress,
-                    checkpoint_every=checkpoint_every, echo=echo, resume=True)
-    return runner.run()
+
+    def start(interrupts):
+        scene = load_scene(run_dir / "scene.toml")
+        if steps is not None:
+            scene = scene.replace(dynamics={"steps": int(steps)})
+        runner = Runner(scene, run_dir, render=render, progress=progress,
+                        checkpoint_every=checkpoint_every, echo=echo, resume=True,
+                        interrupts=interrupts)
+        if steps is not None:
+            scene.save(run_dir / "scene.toml")
+        return runner
+
+    return _guarded(run_dir, start, echo)
 
 
 __all__ = ["run_scene", "resume_run", "Runner", "RunResult"]

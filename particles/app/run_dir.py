@@ -1,10 +1,36 @@
-"""Where a run's files go: the run directory, and trimming a log back to a checkpoint."""
+"""A run directory holds one run: where it goes, its lock, --overwrite, and faults named plainly.
+
+    new_run_dir(scene, out, overwrite)   the folder, created; refused if it already holds a run
+    RunDirLock(folder)                   an exclusive lock for one process (released on exit,
+                                         also by a crash: flock dies with its process)
+    describe_os_error(err)               a machine fault (disk full, read-only, ...) in one sentence
+"""
 from __future__ import annotations
 
+import errno
+import os
+import shutil
 import time
 from pathlib import Path
 
-from particles.output import atomic_write_text
+from particles.output import RunFileError, refuse_link, remove_file
+
+LOCK = ".lock"
+# What a run writes at the top of its folder (videos are added from run.json and by suffix).
+RUN_FILES = ("run.json", "scene.toml", "log.csv", "checkpoint.npz", "previous-checkpoint.npz",
+             "checkpoint.npz.new", "trajectory", "unusable-checkpoint.npz", "summary.png",
+             "summary.svg")
+VIDEO_SUFFIXES = (".mp4", ".gif")
+
+
+class RunDirError(Exception):
+    """A run directory that cannot be used as asked (busy, holds another run, not a folder)."""
+
+
+def holds_run(folder: Path) -> bool:
+    """True when ``folder`` holds (part of) a run: any file a run writes is there."""
+    folder = Path(folder)
+    return any(os.path.lexists(folder / name) for name in RUN_FILES[:7])
 
 
 def new_run_dir(scene, out: str | Path | None) -> Path:
@@ -17,16 +43,118 @@ def new_run_dir(scene, out: str | Path | None) -> Path:
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = Path(output.dir) / f"{scene.name}-{stamp}"
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"the output {str(run_dir)!r} is a file, not a folder; give --out a "
+                          "folder (new or empty)")
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 
 
-def truncate_log(log_path: Path, rows: int) -> None:
-    """Drop log rows written after the checkpoint (they will be recomputed identically)."""
-    log_path = Path(log_path)
-    if not log_path.exists():
+def claim_for_new_run(run_dir: Path, overwrite: bool, echo=None) -> None:
+    """Under the folder's lock: refuse a folder that already holds a run (its files would mix
+    with the new run's), unless ``overwrite``, which removes that run's files first."""
+    if not holds_run(run_dir):
         return
-    lines = log_path.read_text().splitlines(keepends=True)
-    keep = lines[:1 + rows]
-    if len(keep) != len(lines):
-        atomic_write_text(log_path, "".join(keep))
+    if not overwrite:
+        raise RunDirError(f"{str(run_dir)!r} already holds a run: a second run there would mix "
+                          f"its files with the first. Continue it with `particles resume {run_dir}`, "
+                          "pass --overwrite to replace it, or choose another --out")
+    removed = clear_run(run_dir)
+    if echo is not None:
+        echo(f"--overwrite: removed the previous run's files from {run_dir} ({', '.join(removed)})")
+
+
+def clear_run(folder: Path) -> list[str]:
+    """Remove the files of the run in ``folder`` (never following a link); returns their names.
+    Files a run does not write are left alone."""
+    folder = Path(folder)
+    videos = set()
+    for entry in folder.iterdir():
+        name = entry.name
+        if name.endswith(".tmp") or (name.endswith(VIDEO_SUFFIXES) and not entry.is_dir()):
+            videos.add(name)
+    removed = []
+    for name in sorted(set(RUN_FILES) | videos):
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            remove_file(path)
+        else:
+            continue
+        removed.append(name)
+    return removed
+
+
+class RunDirLock:
+    """An exclusive advisory lock on a run (or sweep) folder for the life of one process.
+
+    flock(2) on ``folder/.lock``: the kernel releases it when the process ends, however it
+    ends, so a lock left by a killed run is never in the way (the file stays, unlocked)."""
+
+    def __init__(self, folder: Path, what: str = "run"):
+        self.folder, self.what = Path(folder), what
+        self._fd = None
+
+    def acquire(self) -> "RunDirLock":
+        import fcntl
+        path = refuse_link(self.folder / LOCK)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise RunDirError(f"{str(self.folder)!r} is in use by another {self.what} (process "
+                              f"{holder}); two at once would interleave their files. Wait for it "
+                              "to finish, or choose another folder") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)   # closing drops the flock
+            self._fd = None
+
+    def __del__(self):
+        self.release()
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+
+_HINTS = {
+    errno.ENOSPC: "the disk is full: free some space or write the run elsewhere (--out)",
+    errno.EDQUOT: "the disk quota is exhausted: free some space or write the run elsewhere (--out)",
+    errno.EROFS: "the file system is read-only: choose a writable folder (--out)",
+    errno.EACCES: "permission denied: choose a folder you can write to (--out)",
+    errno.EPERM: "the operation is not permitted there: choose another folder (--out)",
+    errno.ENAMETOOLONG: "a file name is too long (at most 255 bytes per name): choose a shorter name",
+    errno.ENOTDIR: "a part of the path is a file, not a folder",
+    errno.EEXIST: "a file of that name is in the way",
+    errno.EISDIR: "a folder is in the way where a file belongs",
+    errno.ELOOP: "a symbolic link is in the way (particles never writes through links)",
+    errno.EFBIG: "the file is too large for this file system",
+    errno.EIO: "an input/output error on the disk",
+}
+
+
+def is_machine_fault(err: BaseException) -> bool:
+    return isinstance(err, OSError) and err.errno in _HINTS
+
+
+def describe_os_error(err: OSError) -> str:
+    """One sentence for a fault of the machine: what failed, on which file, and what to do."""
+    where = f" ({err.filename!r})" if getattr(err, "filename", None) else ""
+    hint = _HINTS.get(err.errno, "")
+    return f"{err.strerror or err}{where}: {hint}" if hint else f"{err.strerror or err}{where}"
+
+
+__all__ = ["new_run_dir", "claim_for_new_run", "holds_run", "clear_run", "RunDirLock", "RunDirError", "RunFileError",
+           "describe_os_error", "is_machine_fault"]

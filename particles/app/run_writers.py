@@ -25,16 +25,20 @@ class LogCsv(Writer):
     needs = frozenset({"tokens"})
 
     def __init__(self, path: Path, columns: list[str], log_every: int, clusters_every: int,
-                 threshold: float, append: bool = False):
+                 threshold: float, resume: tuple[int, int] | None = None):
         self.observe = Every(log_every)
         self.trigger = Every(clusters_every) if clusters_every > 0 else NEVER
         self.threshold = float(threshold)
-        self.log = LogWriter(path, columns, append=append)
+        self.log = LogWriter(path, columns, resume=resume)
         self.extra: dict[tuple[int, int], dict] = {}
 
     @property
     def rows_written(self) -> int:
         return self.log.rows_written
+
+    @property
+    def bytes_written(self) -> int:
+        return self.log.bytes_written
 
     def on_state(self, state):
         mins, counts = cluster_stats(state.tokens, self.threshold)
@@ -49,6 +53,9 @@ class LogCsv(Writer):
                 row.update(extra)
         self.log.write(rows)
 
+    def flush(self):
+        self.log.sync()
+
     def close(self):
         self.log.close()
 
@@ -58,10 +65,11 @@ class Trajectory(Writer):
 
     needs = frozenset({"tokens"})
 
-    def __init__(self, folder: Path, meta: dict, every: int, ensemble: bool, first_chunk: int = 0):
+    def __init__(self, folder: Path, meta: dict, every: int, ensemble: bool, first_chunk: int = 0,
+                 first_frames: int = 0):
         self.trigger = Every(every)
         self.ensemble = ensemble
-        self.writer = TrajectoryWriter(folder, meta, first_chunk=first_chunk)
+        self.writer = TrajectoryWriter(folder, meta, first_chunk=first_chunk, first_frames=first_frames)
 
     @property
     def folder(self) -> Path:
@@ -70,6 +78,10 @@ class Trajectory(Writer):
     @property
     def next_chunk(self) -> int:
         return self.writer.next_chunk
+
+    @property
+    def frames_written(self) -> int:
+        return self.writer.frames_written
 
     def on_state(self, state):
         x = state.tokens if self.ensemble else state.tokens[0]

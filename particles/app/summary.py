@@ -44,11 +44,21 @@ class Summary(Writer):
             self._prev[key] = e
             self.max_dominance[h] = max(self.max_dominance[h], row[f"radial_dominance_h{h}"])
 
+    def state(self) -> dict:
+        """Everything needed to continue exactly (JSON: floats round-trip by repr)."""
+        return {"first_energy": self.first_energy, "last_energy": self.last_energy,
+                "final_eps": self.final_eps, "max_dominance": list(self.max_dominance),
+                "monotone": list(self.monotone),
+                "previous": [[b, h, e] for (b, h), e in sorted(self._prev.items())]}
+
     def restore(self, saved: dict) -> None:
-        """Continue the headline figures of a checkpointed run."""
-        self.first_energy = saved.get("energy_first")
-        self.max_dominance = list(saved.get("max_radial_dominance", self.max_dominance))
-        self.monotone = list(saved.get("per_head_energy_monotone", self.monotone))
+        """Continue the headline figures of a checkpointed run (``state()`` of that run)."""
+        self.first_energy = saved["first_energy"]
+        self.last_energy = saved["last_energy"]
+        self.final_eps = saved["final_eps"]
+        self.max_dominance = [float(v) for v in saved["max_dominance"]]
+        self.monotone = list(saved["monotone"])
+        self._prev = {(int(b), int(h)): e for b, h, e in saved["previous"]}
 
     def as_dict(self) -> dict:
         return {

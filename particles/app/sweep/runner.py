@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-
+from particles.app.run_dir import RunDirLock
 
 from .format import SweepError
 from . import executors as ex_mod
@@ -35,7 +35,13 @@ def run_sweep(path, out_dir, executor: str = "local", address: str | None = None
         raise SweepError("--workers", [f"expected an integer >= 1, got {workers!r}"],
                          is_file=False, what="sweep option")
     say = echo or (lambda _msg: None)
-    store = ResultStore(Path(out_dir), sweep)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    lock = RunDirLock(Path(out_dir), "sweep").acquire()   # two sweeps at once would double rows
+    try:
+        store = ResultStore(Path(out_dir), sweep)
+    except BaseException:
+        lock.release()
+        raise
     todo = [u for u in sweep.units if u["id"] not in store.done]
     skipped = len(sweep.units) - len(todo)
     say(f"sweep '{sweep.name}': {sweep.n_replicas} replicas in {len(sweep.units)} units"
@@ -69,4 +75,5 @@ def run_sweep(path, out_dir, executor: str = "local", address: str | None = None
                "replicas_per_second": replicas_run / wall if wall > 0 and replicas_run else None}
         store.runs.append(run)
         store.write_meta(status, {"last_run": run})
+        lock.release()
     return store.results
