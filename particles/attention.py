@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from .rules import Rule, get_rule
 
-MASKS = ("none", "causal", "window", "causal_window")
+from .vocabulary import MASKS
 UNBOUNDED = 1 << 30  # a band edge farther than any token
 
 

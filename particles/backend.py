@@ -23,7 +23,7 @@ import tempfile
 import numpy as np
 import taichi as ti
 
-ARCH_CHOICES = ("cpu", "gpu", "auto")
+from .vocabulary import ARCHES as ARCH_CHOICES
 SPIRV_ARCHES = ("vulkan", "metal", "opengl")
 SOFTWARE_DEVICES = ("llvmpipe", "lavapipe", "SwiftShader")  # Vulkan on the CPU
 

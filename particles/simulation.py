@@ -16,9 +16,7 @@ from .observables import assemble_rows
 from .rule_check import check_rule_compiles
 from .rules import Rule, get_rule
 from .schedule import Layer, Schedule
-
-GEOMETRIES = ("sphere", "flat")
-DTYPES = ("float32", "float64")
+from .vocabulary import DTYPES, GEOMETRIES
 
 
 class BlowUpError(FloatingPointError):

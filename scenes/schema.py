@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from particles.integrators import INTEGRATORS
+from particles.vocabulary import ARCHES, BUILTIN_RULES, DTYPES, GEOMETRIES, MASKS
 
 from . import configurations, head_builders
 
@@ -46,17 +47,9 @@ KIND_KEYS = {
 KIND_SPECIFIC = ("block", "basis", "rank", "angle", "score", "value_matrix")
 VALUES = head_builders.VALUE_MODES
 
-BUILTIN_RULES = ("exp", "softmax", "relu")
-# copies of the engine's lists that would start Taichi to import (tests/test_scenes.py holds
-# them equal to particles.simulation / particles.backend)
-GEOMETRIES = ("sphere", "flat")
-DTYPES = ("float32", "float64")
-ARCHES = ("cpu", "gpu", "auto")
 # the integrator registry owns its names (rk4 first: the default)
 INTEGRATOR_NAMES = tuple(sorted(INTEGRATORS, key=lambda name: name != "rk4"))
 MAX_STEPS = 10**12   # a run of more steps could never finish (and step counts stay exact)
-# copy of particles.attention.MASKS (importing it would start Taichi; tests hold them equal)
-MASKS = ("none", "causal", "window", "causal_window")
 DYNAMICS_KEYS = ("geometry", "rule", "rule_file", "beta", "betas", "dt", "steps", "t_end",
                  "integrator", "dtype", "arch", "mask", "window", "alibi", "layer_every")
 LAYER_KEYS = ("start", "heads", "rule", "mask", "window", "alibi")

@@ -421,8 +421,8 @@ def test_readme_example_is_a_valid_scene(tmp_path):
 
 
 def test_scene_vocabularies_match_the_modules_that_own_them():
-    """Where the layering keeps a copy (scenes may not import render, nor start Taichi for the
-    rule registry), the copy must equal its owner's list."""
+    """The engine's choices come from one list each (particles.vocabulary); render's own options
+    keep a copy in the schema (scenes may not import render), held equal to render's here."""
     import particles.rules
     import particles.simulation
     import render.config
@@ -431,12 +431,15 @@ def test_scene_vocabularies_match_the_modules_that_own_them():
     assert set(schema.INTEGRATOR_NAMES) == set(INTEGRATORS)
     for name in ("VIEWS", "COLOR_BY", "PROJECTIONS", "PANELS"):
         assert tuple(getattr(schema, name)) == tuple(getattr(render.config, name)), name
-    import particles.backend
-    assert schema.GEOMETRIES == particles.simulation.GEOMETRIES
-    assert schema.DTYPES == particles.simulation.DTYPES
     import particles.attention
-    assert schema.MASKS == particles.attention.MASKS
-    assert schema.ARCHES == particles.backend.ARCH_CHOICES
+    import particles.backend
+    import particles.vocabulary as vocab
+    assert tuple(particles.rules.BUILTIN_RULES) == vocab.BUILTIN_RULES
+    # one list each, owned by the core's vocabulary: the schema and the engine use the same object
+    assert schema.GEOMETRIES is vocab.GEOMETRIES is particles.simulation.GEOMETRIES
+    assert schema.DTYPES is vocab.DTYPES is particles.simulation.DTYPES
+    assert schema.MASKS is vocab.MASKS is particles.attention.MASKS
+    assert schema.ARCHES is vocab.ARCHES is particles.backend.ARCH_CHOICES
 
 
 def test_render_defaults_of_a_scene_equal_renders_own():
