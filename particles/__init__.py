@@ -19,6 +19,7 @@ _EXPORTS = {
     "Rule": "rules", "register_rule": "rules", "get_rule": "rules", "registered_rules": "rules",
     "load_rule_file": "rules", "BUILTIN_RULES": "rules",
     "Simulation": "simulation", "BlowUpError": "simulation",
+    "Attention": "attention", "alibi_slopes": "attention", "Layer": "schedule", "Schedule": "schedule",
     "ArchError": "backend",
     "load_log": "output", "load_trajectory": "output",
     "Result": "result", "Trajectory": "result",

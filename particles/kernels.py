@@ -17,6 +17,7 @@ copies of q, k, u laid out so that LLVM vectorises the inner loops (see ``_fast_
 """
 
 import functools
+from dataclasses import dataclass
 
 import taichi as ti
 
@@ -42,16 +43,40 @@ def n_tok_slots(n_heads: int) -> int:
 RED_SUM, RED_MIN, RED_MAX, RED_LSE = range(4)
 
 
+@dataclass(frozen=True)
+class Features:
+    """What a pair pass must know beyond k(z), each a compile-time switch (all off: the pair
+    pass is exactly the plain one). Their parameters arrive per head at run time:
+    ``hint`` (H, 3) int32: keys below and above the row (the band), 1 if this pass serves
+    the head; ``hreal`` (H, 2): ALiBi slope, the head's own beta (0: the replica's)."""
+    banded: bool = False     # a mask: the key loop runs over the band [i - below, i + above]
+    biased: bool = False     # z_ij -= slope_h |i - j|
+    head_beta: bool = False  # a head carries its own beta
+    filtered: bool = False   # heads with other rules are served by other passes
+
+    @property
+    def any(self) -> bool:
+        return self.banded or self.biased or self.head_beta or self.filtered
+
+
+PLAIN = Features()
+
+
 @functools.lru_cache(maxsize=None)
-def build(rule: Rule, geometry: str, dtype: str, d: int, n_heads: int, r: int, rv: int) -> "KernelSet":
-    return KernelSet(rule, geometry, dtype, d, n_heads, r, rv)
+def build(rule: Rule, geometry: str, dtype: str, d: int, n_heads: int, r: int, rv: int,
+          features: Features = PLAIN) -> "KernelSet":
+    return KernelSet(rule, geometry, dtype, d, n_heads, r, rv, features)
 
 
 class KernelSet:
     """The compiled kernels for one specialisation; arrays are passed as arguments."""
 
-    def __init__(self, rule: Rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: int):
+    def __init__(self, rule: Rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: int,
+                 features: Features = PLAIN):
         real = ti.f32 if dtype == "float32" else ti.f64
+        banded, biased, head_beta, filtered = (features.banded, features.biased, features.head_beta,
+                                               features.filtered)
+        positional = rule.positional
         sphere = geometry == "sphere"
         serial = not backend.is_gpu()  # on a GPU a serialized loop runs on a single thread
         exponential = rule.exponential
@@ -67,6 +92,7 @@ class KernelSet:
         arr3 = ti.types.ndarray(dtype=real, ndim=3)
         arr4 = ti.types.ndarray(dtype=real, ndim=4)
         f64arr4 = ti.types.ndarray(dtype=ti.f64, ndim=4)
+        int2 = ti.types.ndarray(dtype=ti.i32, ndim=2)
 
         @ti.func
         def c(value):
@@ -91,22 +117,37 @@ class KernelSet:
                     u[b, h, i, a] = su
 
         @ti.kernel
-        def pair(q: arr4, k: arr4, u: arr4, beta: arr1, g: arr4, row: arr4, observe: ti.template()):
-            """g_i = sum_j w_ij u_j, normalised; with observe, row energies and entropies."""
+        def pair(q: arr4, k: arr4, u: arr4, beta: arr1, hint: int2, hreal: arr2, g: arr4, row: arr4,
+                 observe: ti.template()):
+            """g_i = sum_j w_ij u_j, normalised; with observe, row energies and entropies.
+            With features, j runs over the row's band only and z carries the bias."""
             n = q.shape[2]
             for b, h, i in ti.ndrange(q.shape[0], H, n):
+                if ti.static(filtered):
+                    if hint[h, 2] == 0:
+                        continue  # another rule's pass serves this head
+                bt = beta[b]
+                if ti.static(head_beta):
+                    if hreal[h, 1] > 0:
+                        bt = hreal[h, 1]
                 qi = ti.Vector.zero(real, r)
                 for a in ti.static(range(r)):
-                    qi[a] = q[b, h, i, a] * beta[b]
+                    qi[a] = q[b, h, i, a] * bt
                 acc = ti.Vector.zero(real, rv)
                 m = c(NEG_BIG)       # running maximum of z (exponential rules)
                 wsum = c(0)          # sum of (shifted) kernel weights
                 ent = c(0)           # entropy accumulator
                 pot = c(0)           # row sum of the potential (non-exponential rules)
-                for j in range(n):
+                j_lo, j_hi = 0, n
+                if ti.static(banded):
+                    j_lo = ti.max(0, i - hint[h, 0])
+                    j_hi = ti.min(n, i + hint[h, 1] + 1)
+                for j in range(j_lo, j_hi):
                     z = c(0)
                     for a in ti.static(range(r)):
                         z += qi[a] * k[b, h, j, a]
+                    if ti.static(biased):
+                        z -= hreal[h, 0] * c(ti.abs(i - j))
                     w = c(0)
                     if ti.static(exponential):
                         if z > m:
@@ -121,7 +162,10 @@ class KernelSet:
                         if ti.static(observe):
                             ent += w * (z - m)
                     else:
-                        w = c(kernel_fn(z))
+                        if ti.static(positional):
+                            w = c(kernel_fn(z, i, j, n))
+                        else:
+                            w = c(kernel_fn(z))
                         if ti.static(observe):
                             if w > 0:
                                 ent += w * ti.log(w)
@@ -135,10 +179,13 @@ class KernelSet:
                     if wsum > 0:
                         norm = c(1) / wsum
                 else:
+                    count = c(n)  # mean normalisation: the number of visible keys
+                    if ti.static(banded):
+                        count = c(j_hi - j_lo)
                     if ti.static(exponential):
-                        norm = ti.exp(m) / c(n)
+                        norm = ti.exp(m) / count
                     else:
-                        norm = c(1) / c(n)
+                        norm = c(1) / count
                 for a in ti.static(range(rv)):
                     g[b, h, i, a] = acc[a] * norm
                 if ti.static(observe):
@@ -340,18 +387,27 @@ class KernelSet:
         self.has_potential = has_potential
         self.exponential = exponential
         self._spec = (real, d, H, r, rv, softmax_norm)
-        self._gpu_spec = (rule, dtype, d, H, r, rv)
+        self._gpu_spec = (rule, dtype, d, H, r, rv, features)
+        self.features = features
 
-    def head_pass(self, n_replicas: int, n: int, keep_qk: bool = False):
+    def head_pass(self, n_replicas: int, n: int, keep_qk: bool = False, plain: bool = False):
         """The head outputs f (and row statistics) for R replicas of n tokens, as one call
         ``(x, Q, K, W, O, q, k, u, beta, g, f, row, observe)``: project, pair, head_out, or,
         for exponential rules on the CPU, the tiled ``FastHeads`` (tuned for CPU SIMD; it
-        keeps q, k only if keep_qk)."""
-        if self.exponential and ti.lang.impl.current_cfg().arch in (ti.x64, ti.arm64):
+        keeps q, k only if keep_qk; from ``kernels_wide.WIDE_MIN_N`` tokens the wide pass).
+        plain: the plain kernels whatever the rule and arch."""
+        if plain:
+            return PlainHeads(self)
+        cpu = ti.lang.impl.current_cfg().arch in (ti.x64, ti.arm64)
+        if self.exponential and cpu and not self.features.any:
             from .kernels_wide import WIDE_MIN_N, WideHeads
             if n >= WIDE_MIN_N and not keep_qk:
                 return WideHeads(self._spec, n_replicas, n)
             return FastHeads(self._spec, n_replicas, n, keep_qk)
+        if self.exponential and cpu and not self.features.filtered:
+            # masks, ALiBi and per-head betas on the tiled path: it walks only the key blocks
+            # a row tile can see; heads with different rules take the plain kernels
+            return FastHeads(self._spec, n_replicas, n, keep_qk, features=self.features)
         if backend.is_gpu():  # keys tiled through shared memory
             return kernels_gpu.TiledHeads(self, *self._gpu_spec)
         return PlainHeads(self)
@@ -363,9 +419,9 @@ class PlainHeads:
     def __init__(self, kern: KernelSet):
         self.kern = kern
 
-    def __call__(self, x, Q, K, W, O, q, k, u, beta, g, f, row, observe):
+    def __call__(self, x, Q, K, W, O, q, k, u, beta, hint, hreal, g, f, row, observe):
         self.kern.project(x, Q, K, W, q, k, u)
-        self.kern.pair(q, k, u, beta, g, row, observe)
+        self.kern.pair(q, k, u, beta, hint, hreal, g, row, observe)
         self.kern.head_out(g, O, f)
 
 
@@ -429,12 +485,13 @@ class FastHeads:
         uc  (R H rvp npad)     floats      u transposed
     """
 
-    def __init__(self, spec, n_replicas: int, n: int, keep_qk: bool):
+    def __init__(self, spec, n_replicas: int, n: int, keep_qk: bool, features: Features = PLAIN):
         real, d, H, r, rv, softmax_norm = spec
         dtype = "float32" if real == ti.f32 else "float64"
         TI, L, J = TILES[(dtype, n >= LARGE_N)]
         AL = _value_lanes(L, rv)
-        self.kernels = _fast_kernels(real, d, H, r, rv, softmax_norm, TI, L, J, AL)
+        self.kernels = _fast_kernels(real, d, H, r, rv, softmax_norm, TI, L, J, AL, features.banded,
+                                     features.biased, features.head_beta)
         R = n_replicas
         ntile = -(-n // TI)
         npad = -(-max(n, ntile * TI) // J) * J
@@ -463,7 +520,7 @@ class FastHeads:
         self.n, self.keep_qk = n, keep_qk
         self._ready = False
 
-    def __call__(self, x, Q, K, W, O, q, k, u, beta, g, f, row, observe):
+    def __call__(self, x, Q, K, W, O, q, k, u, beta, hint, hreal, g, f, row, observe):
         """Writes f and row (always: the row statistics cost O(n)); q and k if keep_qk.
         u and g are unused: the packed uc and gt take their place."""
         prep, project, pair, head_out = self.kernels
@@ -472,10 +529,10 @@ class FastHeads:
             with _compile_options(scalarize=True):
                 prep(Q, K, W, O, self.qc, self.kc, self.wt, self.ot, self.bias, self.n)
         with _compile_options(scalarize=False, active=first):
-            project(x, beta, self.qc, self.kc, self.wt, self.xt, self.xq, self.qt, self.kt, self.uc,
+            project(x, beta, hreal, self.qc, self.kc, self.wt, self.xt, self.xq, self.qt, self.kt, self.uc,
                     q, k, self.keep_qk)
         with _compile_options(scalarize=True, active=first):
-            pair(self.qt, self.kt, self.bias, self.uc, self.gt, row, -1)
+            pair(self.qt, self.kt, self.bias, self.uc, self.gt, row, hint, hreal, -1)
         with _compile_options(scalarize=False, active=first):
             head_out(self.gt, self.ot, f)
         self._ready = True
@@ -510,13 +567,14 @@ class _compile_options:
 
 @functools.lru_cache(maxsize=None)
 def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI: int, L: int,
-                  J: int, AL: int):
+                  J: int, AL: int, banded: bool = False, biased: bool = False, head_beta: bool = False):
     f32 = real == ti.f32
     ibits = ti.i32 if f32 else ti.i64
     sign_off = 0x7FFFFFFF if f32 else 0x7FFFFFFFFFFFFFFF
     shift = 31 if f32 else 63
     NEG_BIG = -3.0e38 if f32 else -1.0e300
     PAD = -1.0e30           # score of a padding column: its weight underflows to 0
+    HIDDEN = -1.0e29        # banded: z - m below this is a PAD column (weight exactly 0)
     NB = J // L             # L-token groups per block
     lanes_j = rv <= SMALL_RV  # the weighted sum of u runs along j (see pair)
     A = A_SMALL
@@ -526,6 +584,8 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
     rva = rvp if lanes_j else nac * AL  # value rank padded to whole groups
     arr1 = ti.types.ndarray(dtype=real, ndim=1)
     arr3 = ti.types.ndarray(dtype=real, ndim=3)
+    int2 = ti.types.ndarray(dtype=ti.i32, ndim=2)
+    arr2 = ti.types.ndarray(dtype=real, ndim=2)
     arr4 = ti.types.ndarray(dtype=real, ndim=4)
     vecL = ti.types.ndarray(dtype=ti.types.vector(L, real), ndim=1)
     TP = _pow2(TI)          # TI-vectors are stored padded to a power of 2: LLVM assumes
@@ -635,8 +695,8 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
             bias[jl] = vb
 
     @ti.kernel
-    def project(x: arr3, beta: arr1, qc: vecT, kc: vecT, wt: w_arr, xt: vecL, xq: vecT, qt: vecT,
-                kt: vecL, uc: u_arr, q: arr4, k: arr4, keep_qk: ti.template()):
+    def project(x: arr3, beta: arr1, hreal: arr2, qc: vecT, kc: vecT, wt: w_arr, xt: vecL, xq: vecT,
+                qt: vecT, kt: vecL, uc: u_arr, q: arr4, k: arr4, keep_qk: ti.template()):
         """beta q, k, u into qt, kt, uc (and q, k with keep_qk). Compiled with Taichi
         vectors kept as LLVM vectors: each tile row is one vector, stored whole."""
         R, n = x.shape[0], x.shape[1]
@@ -690,7 +750,11 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
                 for t in ti.static(range(TI)):
                     a = g * TI + t
                     if a < r:
-                        qt[(bh * ntile + it) * r + a] = rows[t] * beta[b]
+                        bt = beta[b]
+                        if ti.static(head_beta):  # the head's own beta, where it has one
+                            if hreal[h, 1] > 0:
+                                bt = hreal[h, 1]
+                        qt[(bh * ntile + it) * r + a] = rows[t] * bt
                         if ti.static(keep_qk):
                             for cc in ti.static(range(TI)):
                                 if it * TI + cc < n:
@@ -720,10 +784,14 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
                     uc[(bh * nac + ac) * ntq * TI + it * TI + t] = rows[t]
 
     @ti.kernel
-    def pair(qt: vecT, kt: vecL, bias: vecL, uc: u_arr, gt: vecT, row: arr4, never: ti.i32):
+    def pair(qt: vecT, kt: vecL, bias: vecL, uc: u_arr, gt: vecT, row: arr4, hint: int2, hreal: arr2,
+             never: ti.i32):
         """g_i = sum_j w_ij u_j for the TI rows of a tile per thread, in blocks of J columns:
         scores (register tile), block maximum and re-basing, weights (vectorised exp), then
-        the weighted sum of u (register tile). Row statistics as in ``pair``."""
+        the weighted sum of u (register tile). Row statistics as in ``pair``. banded: only
+        the blocks that meet the tile's bands (hint[h] = keys below, above a row); in a block
+        that crosses a band edge the hidden scores become PAD, their weights exactly 0.
+        biased: z_ij -= slope_h |i - j| (hreal[h, 0]) as the scores land."""
         R, n = row.shape[0], row.shape[2]
         ntile = qt.shape[0] // (R * H * r)
         nbl = bias.shape[0]
@@ -739,7 +807,17 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
             ent = ti.Vector.zero(real, TI)      # sum of e^{z - m} (z - m)
             acc = ti.Matrix.zero(real, TI, rva)  # sum of e^{z - m} u_j
             w = ti.Matrix.zero(real, TI, J)      # scores, then weights, of one block
-            for jb in range(npad // J):
+            jb_lo, jb_hi = 0, npad // J
+            below, above = 0, 0
+            slope = c(0)
+            if ti.static(biased):
+                slope = hreal[h, 0]
+            if ti.static(banded):
+                below, above = hint[h, 0], hint[h, 1]
+                i_last = ti.min(it * TI + TI, n) - 1
+                jb_lo = ti.max(0, it * TI - below) // J
+                jb_hi = (ti.min(n, i_last + above + 1) + J - 1) // J
+            for jb in range(jb_lo, jb_hi):
                 for jl in range(NB):
                     init = ti.Matrix.zero(real, TI, L)
                     bv = bias[jb * NB + jl]
@@ -750,7 +828,21 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
                                  1, rk, never, L)
                     for t in ti.static(range(TI)):
                         for cc in ti.static(range(L)):
-                            w[t, jl * L + cc] = s[t, cc]
+                            if ti.static(biased):
+                                dist = ti.abs(it * TI + t - ((jb * NB + jl) * L + cc))
+                                w[t, jl * L + cc] = s[t, cc] - slope * c(dist)
+                            else:
+                                w[t, jl * L + cc] = s[t, cc]
+                edge = False
+                if ti.static(banded):
+                    # a block wholly inside every row's band needs no mask
+                    edge = jb * J < it * TI + TI - 1 - below or jb * J + J - 1 > it * TI + above
+                    if edge:
+                        for t in ti.static(range(TI)):
+                            for j in range(J):
+                                col = jb * J + j
+                                if col < it * TI + t - below or col > it * TI + t + above:
+                                    w[t, j] = c(PAD)
                 for t in ti.static(range(TI)):  # one row per loop: fewer live registers
                     top = key(c(NEG_BIG))
                     for j in range(J):
@@ -770,6 +862,9 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
                     for j in range(J):
                         zm = w[t, j] - m[t]
                         e = exp_le0(zm)
+                        if ti.static(banded):  # hidden keys (PAD): weight exactly 0, not e^-87
+                            e = ti.select(zm > c(HIDDEN), e, c(0))
+                            zm = ti.select(zm > c(HIDDEN), zm, c(0))
                         w[t, j] = e
                         wpart += e
                         epart += e * zm
@@ -815,7 +910,10 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
                     if ti.static(softmax_norm):
                         norm[t] = c(1) / wsum[t]
                     else:
-                        norm[t] = ti.exp(m[t]) / c(n)
+                        count = c(n)  # mean normalisation: the number of visible keys
+                        if ti.static(banded):
+                            count = c(ti.min(n, i + above + 1) - ti.max(0, i - below))
+                        norm[t] = ti.exp(m[t]) / count
                     row[b, h, i, 0] = m[t]
                     row[b, h, i, 1] = wsum[t]
                     row[b, h, i, 2] = ti.log(wsum[t]) - ent[t] / wsum[t]

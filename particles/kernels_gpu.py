@@ -144,19 +144,25 @@ def rows_per_thread(r: int, rv: int) -> int:
 class TiledHeads:
     """project, the tiled pair pass and head_out: ``KernelSet.head_pass`` on a GPU arch."""
 
-    def __init__(self, kern, rule, dtype: str, d: int, H: int, r: int, rv: int):
+    def __init__(self, kern, rule, dtype: str, d: int, H: int, r: int, rv: int, features):
         self.kern = kern
-        self.pair = _tiled_pair(rule, dtype, d, H, r, rv)
+        self.pair = _tiled_pair(rule, dtype, d, H, r, rv, features)
 
-    def __call__(self, x, Q, K, W, O, q, k, u, beta, g, f, row, observe):
+    def __call__(self, x, Q, K, W, O, q, k, u, beta, hint, hreal, g, f, row, observe):
         self.kern.project(x, Q, K, W, q, k, u)
-        self.pair(q, k, u, beta, g, row, observe)
+        self.pair(q, k, u, beta, hint, hreal, g, row, observe)
         self.kern.head_out(g, O, f)
 
 
 @functools.lru_cache(maxsize=None)
-def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int):
+def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
+    """Features (see ``kernels.Features``): a block walks only the key tiles that meet the
+    union of its rows' bands (a causal block stops at its last row: about half the tiles),
+    and each row only the keys of its own band inside them."""
     real = ti.f32 if dtype == "float32" else ti.f64
+    banded, biased, head_beta, filtered = (features.banded, features.biased, features.head_beta,
+                                           features.filtered)
+    positional = rule.positional
     exponential = rule.exponential
     softmax_norm = rule.normalization == "softmax"
     kernel_fn = None if exponential else ti.func(rule.kernel)
@@ -168,14 +174,17 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int):
     BK = key_tile(r, rv, 4 if dtype == "float32" else 8)
     loads_k, loads_u = -(-BK * r // T), -(-BK * rv // T)  # shared-memory stores per thread
     arr1 = ti.types.ndarray(dtype=real, ndim=1)
+    arr2 = ti.types.ndarray(dtype=real, ndim=2)
     arr4 = ti.types.ndarray(dtype=real, ndim=4)
+    int2 = ti.types.ndarray(dtype=ti.i32, ndim=2)
 
     @ti.func
     def c(value):
         return ti.cast(value, real)
 
     @ti.kernel
-    def pair(q: arr4, k: arr4, u: arr4, beta: arr1, g: arr4, row: arr4, observe: ti.template()):
+    def pair(q: arr4, k: arr4, u: arr4, beta: arr1, hint: int2, hreal: arr2, g: arr4, row: arr4,
+             observe: ti.template()):
         """g_i = sum_j w_ij u_j, normalised; with observe, row energies and entropies (as
         ``KernelSet.pair``), keys staged tile by tile in shared memory."""
         R, n = q.shape[0], q.shape[2]
@@ -189,17 +198,35 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int):
             first = (t // T) % n_row_tiles * T * RT + tid  # rows first + s T, s < RT
             k_tile = ti.simt.block.SharedArray((BK * r,), real)
             u_tile = ti.simt.block.SharedArray((BK * rv,), real)
+            bt = beta[b]
+            if ti.static(head_beta):
+                if hreal[h, 1] > 0:
+                    bt = hreal[h, 1]
             qi = ti.Matrix.zero(real, RT, r)
             for s in ti.static(range(RT)):
                 if first + s * T < n:  # rows past n pad the last block: they load, wait, write nothing
                     for a in ti.static(range(r)):
-                        qi[s, a] = q[b, h, first + s * T, a] * beta[b]
+                        qi[s, a] = q[b, h, first + s * T, a] * bt
             acc = ti.Matrix.zero(real, RT, rv)
             m = ti.Vector([c(NEG_BIG)] * RT)  # running maximum of z (exponential rules)
             wsum = ti.Vector.zero(real, RT)   # sum of (shifted) kernel weights
             ent = ti.Vector.zero(real, RT)    # entropy accumulator
             pot = ti.Vector.zero(real, RT)    # row sum of the potential (non-exponential rules)
-            for kt in range(n_key_tiles):
+            # the key tiles this block walks (uniform over the block: it syncs)
+            kt_lo, kt_hi = 0, n_key_tiles
+            below, above = 0, 0
+            if ti.static(banded):
+                below, above = hint[h, 0], hint[h, 1]
+                block_first = first - tid
+                block_last = ti.min(block_first + T * RT, n) - 1
+                kt_lo = ti.max(0, block_first - below) // BK
+                kt_hi = (ti.min(n, block_last + above + 1) + BK - 1) // BK
+            serve = True
+            if ti.static(filtered):
+                if hint[h, 2] == 0:  # another rule's pass serves this head (uniform per block)
+                    kt_hi = kt_lo
+                    serve = False
+            for kt in range(kt_lo, kt_hi):
                 j0 = kt * BK
                 # (if statements, not `a if c else b`: Taichi evaluates both sides of that)
                 for s in ti.static(range(loads_k)):
@@ -226,51 +253,65 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int):
                         for a in ti.static(range(rv)):
                             uj[a] = u_tile[jj * rv + a]
                     for s in ti.static(range(RT)):
-                        z = c(0)
-                        for a in ti.static(range(r)):
-                            if ti.static(RT > 1):
-                                z += qi[s, a] * kj[a]
-                            else:
-                                z += qi[s, a] * k_tile[jj * r + a]
-                        w = c(0)
-                        if ti.static(exponential):
-                            if z > m[s]:
-                                scale = ti.exp(m[s] - z)
+                        i_s = first + s * T
+                        j = j0 + jj
+                        seen = True
+                        if ti.static(banded):  # the row's own band
+                            seen = j >= i_s - below and j <= i_s + above
+                        if seen:
+                            z = c(0)
+                            for a in ti.static(range(r)):
+                                if ti.static(RT > 1):
+                                    z += qi[s, a] * kj[a]
+                                else:
+                                    z += qi[s, a] * k_tile[jj * r + a]
+                            if ti.static(biased):
+                                z -= hreal[h, 0] * c(ti.abs(i_s - j))
+                            w = c(0)
+                            if ti.static(exponential):
+                                if z > m[s]:
+                                    scale = ti.exp(m[s] - z)
+                                    if ti.static(observe):
+                                        ent[s] = scale * (ent[s] + (m[s] - z) * wsum[s])
+                                    wsum[s] *= scale
+                                    for a in ti.static(range(rv)):
+                                        acc[s, a] *= scale
+                                    m[s] = z
+                                w = ti.exp(z - m[s])
                                 if ti.static(observe):
-                                    ent[s] = scale * (ent[s] + (m[s] - z) * wsum[s])
-                                wsum[s] *= scale
-                                for a in ti.static(range(rv)):
-                                    acc[s, a] *= scale
-                                m[s] = z
-                            w = ti.exp(z - m[s])
-                            if ti.static(observe):
-                                ent[s] += w * (z - m[s])
-                        else:
-                            w = c(kernel_fn(z))
-                            if ti.static(observe):
-                                if w > 0:
-                                    ent[s] += w * ti.log(w)
-                                if ti.static(with_potential):
-                                    pot[s] += c(potential_fn(z))
-                        wsum[s] += w
-                        for a in ti.static(range(rv)):
-                            if ti.static(RT > 1):
-                                acc[s, a] += w * uj[a]
+                                    ent[s] += w * (z - m[s])
                             else:
-                                acc[s, a] += w * u_tile[jj * rv + a]
+                                if ti.static(positional):
+                                    w = c(kernel_fn(z, i_s, j, n))
+                                else:
+                                    w = c(kernel_fn(z))
+                                if ti.static(observe):
+                                    if w > 0:
+                                        ent[s] += w * ti.log(w)
+                                    if ti.static(with_potential):
+                                        pot[s] += c(potential_fn(z))
+                            wsum[s] += w
+                            for a in ti.static(range(rv)):
+                                if ti.static(RT > 1):
+                                    acc[s, a] += w * uj[a]
+                                else:
+                                    acc[s, a] += w * u_tile[jj * rv + a]
                 ti.simt.block.sync()  # the tile is read by all before the next one lands
             for s in ti.static(range(RT)):
                 i = first + s * T
-                if i < n:
+                if i < n and serve:
                     norm = c(0)
                     if ti.static(softmax_norm):
                         if wsum[s] > 0:
                             norm = c(1) / wsum[s]
                     else:
+                        count = c(n)  # mean normalisation: the number of visible keys
+                        if ti.static(banded):
+                            count = c(ti.min(n, i + above + 1) - ti.max(0, i - below))
                         if ti.static(exponential):
-                            norm = ti.exp(m[s]) / c(n)
+                            norm = ti.exp(m[s]) / count
                         else:
-                            norm = c(1) / c(n)
+                            norm = c(1) / count
                     for a in ti.static(range(rv)):
                         g[b, h, i, a] = acc[s, a] * norm
                     if ti.static(observe):

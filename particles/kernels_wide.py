@@ -64,7 +64,8 @@ class WideHeads:
         self.acc = ti.ndarray(vec, shape=(self.nslot, TR, rvp))
         self._compiled = False
 
-    def __call__(self, x, Q, K, W, O, q, k, u, beta, g, f, row, observe):
+    def __call__(self, x, Q, K, W, O, q, k, u, beta, hint, hreal, g, f, row, observe):
+        """hint, hreal (per-head bands, biases, betas) are unused: such heads never come here."""
         project, pair = self.kernels
         with kernels._compile_options(scalarize=False, active=not self._compiled):
             for h in range(self.H):

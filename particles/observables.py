@@ -25,9 +25,12 @@ HEAD_QUANTITIES = GROUPS["energy"] + GROUPS["radial"] + GROUPS["entropy"]
 
 
 def columns(n_heads: int, entropy_rate: bool = False, clusters: bool = False,
-            ensemble: bool = False, groups=("energy", "radial", "entropy")) -> list[str]:
-    """The log's column names, in order."""
+            ensemble: bool = False, groups=("energy", "radial", "entropy"),
+            layer: bool = False) -> list[str]:
+    """The log's column names, in order (``layer``: the schedule's layer index, after time)."""
     cols = [c for c in RUN_COLUMNS if c not in ("energy", "kinetic") or "energy" in groups]
+    if layer:
+        cols.insert(2, "layer")
     if ensemble:
         cols.insert(2, "replica")
     quantities = tuple(q for g in ("energy", "radial", "entropy") if g in groups for q in GROUPS[g])
@@ -42,25 +45,32 @@ def columns(n_heads: int, entropy_rate: bool = False, clusters: bool = False,
 def assemble_rows(sim, step: int, red: np.ndarray, sumx: np.ndarray) -> list[dict]:
     """One dict per replica for the state at ``step``; red is (R, slots, 4), sumx (R, d)."""
     n, H = sim.n, sim.n_heads
+    layer = sim.schedule.layer_at(step)
+    attention = sim.layer_attention[layer]
     out = []
     for b in range(sim.n_replicas):
-        beta = float(sim.betas[b])
         r = red[b]
         row = {"step": step, "time": step * sim.dt}
         if sim.ensemble:
             row["replica"] = b
+        if sim.scheduled:
+            row["layer"] = layer
         head_cols = {}
         energy_total = 0.0
         for h in range(H):
             def col(slot, kind=K.RED_SUM):
                 return float(r[K.tok_slot(h, slot), kind])
-            if sim.rule.exponential:
+            att = attention[h]
+            beta = float(att.beta if att.beta is not None else sim.betas[b])
+            if sim.scheduled or not att.has_potential:
+                # no potential: masks, biases and positions break the symmetry it needs, and a
+                # schedule changes the field in time (docs/LOG.md)
+                energy = math.nan
+            elif att.rule.exponential:
                 log_e = col(K.SLOT_ROW_ENERGY, K.RED_LSE) - math.log(2 * beta * n * n)
                 energy = math.exp(log_e) if log_e < 709 else math.inf
-            elif sim.rule.potential is not None:
-                energy = col(K.SLOT_ROW_ENERGY) / (2 * beta * n * n)
             else:
-                energy = math.nan
+                energy = col(K.SLOT_ROW_ENERGY) / (2 * beta * n * n)
             energy_total += energy
             tangent = col(K.SLOT_TANGENT) / n
             cross = col(K.SLOT_CROSS) / n

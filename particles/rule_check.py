@@ -27,10 +27,16 @@ def check_rule_compiles(rule: Rule, dtype: str) -> None:
         if fn is None:
             continue
         taichi_fn = ti.func(fn)
+        positional = role == "kernel" and rule.positional
 
         @ti.kernel
         def probe(z: real) -> real:
-            return ti.cast(taichi_fn(z), real)
+            value = ti.cast(0, real)
+            if ti.static(positional):
+                value = ti.cast(taichi_fn(z, 1, 0, 2), real)
+            else:
+                value = ti.cast(taichi_fn(z), real)
+            return value
 
         try:
             probe(0.5)
@@ -40,4 +46,4 @@ def check_rule_compiles(rule: Rule, dtype: str) -> None:
                 f"rule {rule.name!r} (from {rule.source}): its {role} function {name!r} does not "
                 f"compile on arch {backend.active_arch()!r} in {dtype}: {_first_lines(err)}. A rule "
                 "is compiled into a Taichi kernel: write it with Taichi math on one scalar z "
-                "(ti.exp, ti.log, ti.max, ...), not NumPy or other Python objects") from None
+                "(or z, i, j, n for a position-aware kernel; ti.exp, ti.log, ti.max, ...), not NumPy or other Python objects") from None

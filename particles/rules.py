@@ -18,10 +18,17 @@ A user registers a rule from their own file without editing the package::
 
 Taichi compiles the functions from their source, so they must be ``def`` functions
 (not lambdas) using Taichi math.
+
+A rule may also see the pair's positions: a kernel with four parameters,
+``k(z, i, j, n)`` (i the query's token index, j the key's, n the number of tokens),
+is position-aware; one with a single parameter compiles exactly as before. A
+position-aware rule has no potential (the energy is NaN): positions break the
+symmetry a potential needs.
 """
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,10 +49,24 @@ class Rule:
     # style), keeps the energy in log form, and can compute the entropy rate.
     exponential: bool = False
     source: str = "built-in"
+    positional: bool = False  # kernel k(z, i, j, n) instead of k(z)
 
     @property
     def has_potential(self) -> bool:
-        return self.exponential or self.potential is not None
+        return not self.positional and (self.exponential or self.potential is not None)
+
+
+def _kernel_arity(name: str, fn: Callable) -> int:
+    """1 for k(z), 4 for a position-aware k(z, i, j, n); anything else is refused."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    count = sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    if count not in (1, 4):
+        raise ValueError(f"rule {name!r}: the kernel takes {count} arguments; write k(z) or the "
+                         "position-aware k(z, i, j, n) (i, j token indices, n tokens)")
+    return count
 
 
 def _relu(z):
@@ -70,7 +91,8 @@ def register_rule(name: str, kernel: Callable, normalization: str = "softmax",
                   potential: Callable | None = None, *, overwrite: bool = False) -> Rule:
     """Register an interaction rule under ``name`` so scenes and the API can use it.
 
-    kernel: k(z) of the scaled score z = beta * s, written with Taichi math.
+    kernel: k(z) of the scaled score z = beta * s, written with Taichi math, or the
+        position-aware k(z, i, j, n) (then there is no potential).
     normalization: 'softmax' (w_ij = k / sum_j k) or 'mean' (w_ij = k / n).
     potential: K with K' = k, used for the energy; without it energies are NaN.
     """
@@ -94,8 +116,14 @@ def register_rule(name: str, kernel: Callable, normalization: str = "softmax",
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"rule {name!r}: normalization must be one of {NORMALIZATIONS}, "
                          f"got {normalization!r}")
+    positional = _kernel_arity(name, kernel) == 4
+    if positional and potential is not None:
+        raise ValueError(f"rule {name!r}: a position-aware kernel k(z, i, j, n) has no potential "
+                         "(the energy is undefined); register it without one")
+    if potential is not None and _kernel_arity(name, potential) != 1:
+        raise ValueError(f"rule {name!r}: the potential must be a function K(z) of the scaled score")
     source = getattr(getattr(kernel, "__code__", None), "co_filename", "user code")
-    rule = Rule(name, kernel, normalization, potential, source=source)
+    rule = Rule(name, kernel, normalization, potential, source=source, positional=positional)
     _REGISTRY[name] = rule
     return rule
 

@@ -6,12 +6,16 @@ from typing import Sequence
 import numpy as np
 import taichi as ti
 
-from . import backend, kernels, kernels_fused, kernels_wide
+from . import attention as attention_mod
+from . import backend, kernels, kernels_fused
+from .attention import Attention
 from .heads import Head
+from .kernels_wide import WideHeads
 from .integrators import INTEGRATORS
 from .observables import assemble_rows
 from .rule_check import check_rule_compiles
 from .rules import Rule, get_rule
+from .schedule import Layer, Schedule
 
 GEOMETRIES = ("sphere", "flat")
 DTYPES = ("float32", "float64")
@@ -42,11 +46,9 @@ def _as_heads(heads, d: int) -> list[Head]:
     return out
 
 
-def _pack(heads: list[Head], d: int):
-    """Stack head factors, zero-padded to the largest ranks (zero rows contribute nothing)."""
+def _pack(heads: list[Head], d: int, r: int, rv: int):
+    """Stack head factors, zero-padded to ranks r, rv (zero rows contribute nothing)."""
     H = len(heads)
-    r = max(h.score_rank for h in heads)
-    rv = max(h.value_rank for h in heads)
     Q = np.zeros((H, r, d)); K = np.zeros((H, r, d))
     W = np.zeros((H, rv, d)); O = np.zeros((H, d, rv))
     for i, h in enumerate(heads):
@@ -85,6 +87,13 @@ class Simulation:
     tokens: (n, d) or (R, n, d) for an ensemble of R replicas (same heads).
     heads: Head objects, (M, V) pairs, or score matrices M (then V = M).
     beta: one inverse temperature, or one per replica.
+    attention: per-head masks, positional biases, rules and betas (``particles.Attention``,
+    one for every head or one per head); heads may also be a ``particles.Schedule`` of
+    layers, each with its own heads and attention. On the CPU, exp/softmax heads with masks,
+    ALiBi or own betas run the tiled path over visible key blocks; layers mixing rules, ReLU
+    and user rules run the plain kernels (neither the fused nor the wide path carries
+    positions); on a GPU the tiled pair pass carries all of it, skipping key tiles no row of
+    a block sees.
     path: 'fused' (k whole steps per kernel launch: small n, CPU), 'tiled' (a launch per
     kernel, parallel within a replica: large n, any arch) or 'auto' (fused up to
     ``kernels_fused.FUSED_MAX_N`` tokens; see ``kernels_fused.choose_path``). Both match the
@@ -94,7 +103,7 @@ class Simulation:
     def __init__(self, tokens, heads: Sequence, beta=1.0, rule: str | Rule = "exp",
                  geometry: str = "sphere", dt: float = 0.01, integrator: str = "rk4",
                  dtype: str = "float32", arch: str = "cpu", entropy_rate: bool = False,
-                 batch: int = 64, path: str = "auto"):
+                 batch: int = 64, path: str = "auto", attention=None):
         x = np.asarray(tokens, dtype=np.float64)
         self.ensemble = x.ndim == 3
         if x.ndim == 2:
@@ -125,39 +134,68 @@ class Simulation:
             raise ValueError(f"beta must be positive and finite, got {beta!r}")
 
         self.rule = rule if isinstance(rule, Rule) else get_rule(rule)
-        self.heads = _as_heads(heads, d)
+        if isinstance(heads, Schedule):
+            if attention is not None:
+                raise ValueError("with a Schedule, give each Layer its own attention")
+            schedule = heads
+        else:
+            schedule = Schedule((Layer(heads, None, attention),), (0,))
+        self.schedule = schedule
+        self.scheduled = len(schedule.layers) > 1
+        layers = []  # (heads, attention) per layer
+        for idx, layer in enumerate(schedule.layers):
+            layer_rule = self.rule if layer.rule is None else (
+                layer.rule if isinstance(layer.rule, Rule) else get_rule(layer.rule))
+            layer_heads = _as_heads(layer.heads, d)
+            layers.append((layer_heads, attention_mod.resolve(layer.attention, len(layer_heads),
+                                                              layer_rule)))
+            if len(layer_heads) != len(layers[0][0]):
+                raise ValueError(f"layer {idx} has {len(layer_heads)} heads, layer 0 has "
+                                 f"{len(layers[0][0])}: every layer needs the same number of heads")
+        self.layer_attention = tuple(att for _, att in layers)
         self.geometry, self.dtype, self.dt = geometry, dtype, float(dt)
         self.integrator = INTEGRATORS[integrator]()
-        self.n_replicas, self.n, self.d, self.n_heads = R, n, d, len(self.heads)
+        self.n_replicas, self.n, self.d, self.n_heads = R, n, d, len(layers[0][0])
         self.betas = betas
+        # plain: one layer of full attention, every head with the simulation's rule and beta
+        plain_head = Attention(rule=self.rule)
+        self.plain = not self.scheduled and all(a == plain_head for a in self.layer_attention[0])
         self.entropy_rate_enabled = bool(entropy_rate) and self.rule.exponential
+        if self.entropy_rate_enabled and not self.plain:
+            raise ValueError("the entropy rate (Theorem 27) is computed for one layer of unmasked, "
+                             "unbiased heads with the run's rule and beta; switch it off for masks, "
+                             "biases, per-head rules or betas and schedules")
         self.step_count = 0
         self.arch = backend.init(arch)
         backend.check_dtype(dtype)
-        check_rule_compiles(self.rule, dtype)
+        for checked in {a.rule for att in self.layer_attention for a in att}:
+            check_rule_compiles(checked, dtype)
 
         real = ti.f32 if dtype == "float32" else ti.f64
         self._np_real = np.float32 if dtype == "float32" else np.float64
-        Q, K, W, O = _pack(self.heads, d)
-        H, r, rv = len(self.heads), Q.shape[1], W.shape[1]
+        H = self.n_heads
+        r = max(h.score_rank for hs, _ in layers for h in hs)
+        rv = max(h.value_rank for hs, _ in layers for h in hs)
         self.score_rank, self.value_rank = r, rv
 
         def arr(*shape, dt=real):
             return ti.ndarray(dt, shape=shape)
 
-        self._Q, self._K, self._W, self._O = arr(H, r, d), arr(H, r, d), arr(H, rv, d), arr(H, d, rv)
-        for dev, host in ((self._Q, Q), (self._K, K), (self._W, W), (self._O, O)):
-            dev.from_numpy(host.astype(self._np_real))
         self._beta = arr(R)
         self._beta.from_numpy(betas.astype(self._np_real))
         self._x = arr(R, n, d)
         self._x.from_numpy(x.astype(self._np_real))
         self._xdot, self._stage_x, self._stage_acc = arr(R, n, d), arr(R, n, d), arr(R, n, d)
-        self._kern = kernels.build(self.rule, geometry, dtype, d, H, r, rv)
-        self._heads = self._kern.head_pass(R, n, keep_qk=self.entropy_rate_enabled)
+        plain_kernels = path == "plain"
+        self._layers = [_LayerState(hs, att, geometry, dtype, d, r, rv, R, n, self.entropy_rate_enabled,
+                                    arr, self._np_real, plain_kernels) for hs, att in layers]
+        self._kern = self._layers[0].passes[0][0]  # combine, reduce, integrator ops: rule-free
+        self.layer = -1
+        self._use_layer(0)
         # The tiled fast path packs its own operands: it reads none of q, k, u, g, and writes
         # q, k only for the entropy rate. Unused ones get a one-element stand-in of the same rank.
-        fast = isinstance(self._heads, (kernels.FastHeads, kernels_wide.WideHeads))
+        fast = all(isinstance(hp, (kernels.FastHeads, WideHeads))  # they pack their own operands
+                   for st in self._layers for _, hp, _ in st.passes)
         tokens_qk = n if (not fast or self.entropy_rate_enabled) else 1
         tokens_ug = 1 if fast else n
         self._q, self._k = arr(R, H, tokens_qk, r), arr(R, H, tokens_qk, r)
@@ -173,18 +211,37 @@ class Simulation:
         self._sumx = arr(self._batch, R, d, 1, dt=red_dt)
         self._pending: list[tuple[int, int]] = []   # (step, slot) of rows not yet copied
         self._rows: list[dict] = []
-        self._ops = _Operations(self)
-        self.path = kernels_fused.choose_path(path, n, r, rv, self.arch, self.entropy_rate_enabled)
+        if not self.plain and path == "fused":
+            raise ValueError("path 'fused' serves one layer of plain heads only; masks, biases, "
+                             "per-head rules or betas and schedules take path 'tiled' (or 'auto')")
+        if plain_kernels:
+            self.path = "plain"
+        else:
+            self.path = kernels_fused.choose_path("tiled" if not self.plain else path, n, r, rv,
+                                                  self.arch, self.entropy_rate_enabled)
         self._fused = kernels_fused.FusedSteps(self.rule, geometry, dtype, d, H, r, rv, integrator,
                                                R, n) if self.path == "fused" else None
+        self._ops = _Operations(self)
         self._warm_up()
 
     # -- what the integrators' operations object calls --------------------------------------
     def _evaluate(self, x, xdot, observe: bool) -> None:
         kern = self._kern
-        self._heads(x, self._Q, self._K, self._W, self._O, self._q, self._k, self._u, self._beta,
-                    self._g, self._f, self._row, observe)
+        for _, head_pass, hint in self._passes:  # one pass per distinct rule of the layer
+            head_pass(x, self._Q, self._K, self._W, self._O, self._q, self._k, self._u, self._beta,
+                      hint, self._hreal, self._g, self._f, self._row, observe)
         kern.combine(x, self._f, xdot, self._row, self._tok, observe)
+
+    def _use_layer(self, index: int) -> None:
+        """Point the operations at layer ``index``'s heads (a no-op when already there)."""
+        if index == self.layer:
+            return
+        st = self._layers[index]
+        self.layer = index
+        self.heads, self.attention = st.heads, st.attention
+        self._Q, self._K, self._W, self._O = st.Q, st.K, st.W, st.O
+        self._hreal, self._passes = st.hreal, st.passes
+        self._heads = st.passes[0][1]
 
     def _after_first_stage(self, observe: bool) -> None:
         if not observe:
@@ -223,6 +280,7 @@ class Simulation:
         self._x.from_numpy(np.ascontiguousarray(x, dtype=self._np_real))
         if step is not None:
             self.step_count = int(step)
+            self._use_layer(self.schedule.layer_at(self.step_count))
 
     def set_state(self, tokens, step: int | None = None) -> None:
         """Replace the state (and optionally the step count); the same as ``set_tokens``."""
@@ -257,6 +315,7 @@ class Simulation:
 
     def velocity(self) -> np.ndarray:
         """xdot at the current state, float64 NumPy of the tokens' shape."""
+        self._use_layer(self.schedule.layer_at(self.step_count))
         if self._fused is not None:
             self._fused(self, 0, 0, False, 0)
         else:
@@ -271,12 +330,15 @@ class Simulation:
             return self._advance_fused(int(steps), int(observe_every))
         integ, dt = self.integrator, self.dt
         for _ in range(int(steps)):
+            if self.scheduled:
+                self._use_layer(self.schedule.layer_at(self.step_count))
             observe = observe_every > 0 and self.step_count % observe_every == 0
             integ.step(self._ops, dt, observe)
             self.step_count += 1
 
     def observe(self) -> None:
         """Record the observables of the current state without stepping."""
+        self._use_layer(self.schedule.layer_at(self.step_count))
         if self._fused is not None:
             self._fused(self, 0, 0, True, len(self._pending))
             self._logged_fused(self.step_count, 1, 1)
@@ -365,8 +427,11 @@ class Simulation:
             kern.finite_check(self._x)
             ti.sync()
             return
-        for observe in (False, True):
-            self._evaluate(self._x, self._xdot, observe)
+        for index in range(len(self._layers)):
+            self._use_layer(index)
+            for observe in (False, True):
+                self._evaluate(self._x, self._xdot, observe)
+        self._use_layer(self.schedule.layer_at(self.step_count))
         if self.entropy_rate_enabled:
             kern.project(self._xdot, self._Q, self._K, self._W, self._qd, self._kd, self._ud)
             kern.entropy_rate(self._q, self._k, self._qd, self._kd, self._beta, self._row, self._tok)
@@ -377,3 +442,35 @@ class Simulation:
         kern.retract(self._stage_x)
         kern.finite_check(self._x)
         ti.sync()
+
+
+def _features(attention) -> kernels.Features:
+    return kernels.Features(banded=any(a.masked for a in attention),
+                            biased=any(a.alibi > 0 for a in attention),
+                            head_beta=any(a.beta is not None for a in attention),
+                            filtered=len({a.rule for a in attention}) > 1)
+
+
+class _LayerState:
+    """One layer's device side: its factors, per-head parameters and pair passes (one per
+    distinct rule, each serving its own heads)."""
+
+    def __init__(self, heads, attention, geometry, dtype, d, r, rv, R, n, keep_qk, arr, np_real,
+                 plain_kernels):
+        self.heads, self.attention = heads, attention
+        H = len(heads)
+        Q, K, W, O = _pack(heads, d, r, rv)
+        self.Q, self.K, self.W, self.O = arr(H, r, d), arr(H, r, d), arr(H, rv, d), arr(H, d, rv)
+        for dev, host in ((self.Q, Q), (self.K, K), (self.W, W), (self.O, O)):
+            dev.from_numpy(host.astype(np_real))
+        self.hreal = arr(H, 2)
+        self.hreal.from_numpy(np.array([[a.alibi, a.beta or 0.0] for a in attention], dtype=np_real))
+        features = _features(attention)
+        bands = [a.band for a in attention]
+        self.passes = []
+        for rule in dict.fromkeys(a.rule for a in attention):  # distinct, in head order
+            kern = kernels.build(rule, geometry, dtype, d, H, r, rv, features)
+            hint = ti.ndarray(ti.i32, shape=(H, 3))
+            hint.from_numpy(np.array([[lo, hi, int(a.rule == rule)] for (lo, hi), a in
+                                      zip(bands, attention)], dtype=np.int32))
+            self.passes.append((kern, kern.head_pass(R, n, keep_qk=keep_qk, plain=plain_kernels), hint))

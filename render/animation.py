@@ -144,7 +144,11 @@ class Animation:
             hist = [c[k] for c in self._history]
             dirty |= bool(view.update(hist, colors, self.frames_written))
         panels_dirty = self._panels.update(log) if self._panels is not None else []
-        self._time_text.set_text(f"t = {time:.3f}" if abs(time) < 1e5 else f"t = {time:.4g}")
+        stamp = f"t = {time:.3f}" if abs(time) < 1e5 else f"t = {time:.4g}"
+        layer = np.ravel(log.get("layer", []))
+        if layer.size:  # a layer schedule: which layer's heads drive this frame
+            stamp = f"layer {int(layer[-1])}   {stamp}"
+        self._time_text.set_text(stamp)
         frame = self._render(dirty, panels_dirty)
         if self._writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ from . import configurations, head_builders
 MISSING: Any = object()
 
 SECTIONS = ("tokens", "heads", "dynamics", "log", "render", "output")
-TOP_KEYS = ("name", "description") + SECTIONS
+TOP_KEYS = ("name", "description") + SECTIONS + ("layers",)
 
 INITS = ("random", "equiangular", "orthogonal", "clusters", "file")
 TOKEN_KEYS = ("n", "d", "init", "seed", "gamma", "clusters", "spread", "centers", "path",
@@ -32,8 +32,10 @@ INIT_ONLY = {"gamma": "equiangular", "clusters": "clusters", "spread": "clusters
              "centers": "clusters", "path": "file"}
 
 HEAD_KINDS = ("scalar", "subspace", "near_orthogonal", "random_symmetric", "random", "matrix")
+# a head's own attention options (any kind): rule, beta, mask, window, ALiBi slope
+HEAD_ATTENTION_KEYS = ("rule", "beta", "mask", "window", "alibi_slope")
 HEAD_KEYS = ("kind", "count", "strength", "strengths", "seed", "value", "value_noise", "block",
-             "basis", "rank", "angle", "score", "value_matrix")
+             "basis", "rank", "angle", "score", "value_matrix") + HEAD_ATTENTION_KEYS
 # keys that only some kinds take, per form ("array" = [[heads]], "table" = [heads] + count)
 KIND_KEYS = {
     "array": {"scalar": (), "subspace": ("block", "basis"), "random_symmetric": (),
@@ -53,8 +55,11 @@ ARCHES = ("cpu", "gpu", "auto")
 # the integrator registry owns its names (rk4 first: the default)
 INTEGRATOR_NAMES = tuple(sorted(INTEGRATORS, key=lambda name: name != "rk4"))
 MAX_STEPS = 10**12   # a run of more steps could never finish (and step counts stay exact)
+# copy of particles.attention.MASKS (importing it would start Taichi; tests hold them equal)
+MASKS = ("none", "causal", "window", "causal_window")
 DYNAMICS_KEYS = ("geometry", "rule", "rule_file", "beta", "betas", "dt", "steps", "t_end",
-                 "integrator", "dtype", "arch")
+                 "integrator", "dtype", "arch", "mask", "window", "alibi", "layer_every")
+LAYER_KEYS = ("start", "heads", "rule", "mask", "window", "alibi")
 LOG_KEYS = ("every", "energy", "radial", "entropy", "entropy_rate", "clusters_every",
             "cluster_threshold", "trajectory_every")
 VIEWS = ("auto", "circle", "sphere", "pca", "heads")
@@ -67,7 +72,7 @@ RENDER_EXTENSIONS = (".mp4", ".gif")
 OUTPUT_KEYS = ("dir", "run_dir")
 
 SECTION_KEYS = {"tokens": TOKEN_KEYS, "heads": HEAD_KEYS, "dynamics": DYNAMICS_KEYS,
-                "log": LOG_KEYS, "render": RENDER_KEYS, "output": OUTPUT_KEYS}
+                "log": LOG_KEYS, "render": RENDER_KEYS, "output": OUTPUT_KEYS, "layers": LAYER_KEYS}
 
 
 # ----------------------------------------------------------------------------- value specs
@@ -254,6 +259,7 @@ def _suggest(key: str, allowed, where: str) -> str:
     if close:
         return f"; did you mean '{close[0]}'?"
     homes = [s for s, keys in SECTION_KEYS.items() if key in keys and f"[{s}]" not in where]
+    homes.sort(key=lambda s: s in ("heads", "layers"))  # a head's own rule/beta/mask: second
     if homes:
         return f"; it belongs in [{homes[0]}]"
     return f" (allowed: {', '.join(allowed)})"
@@ -486,6 +492,7 @@ def _head_entry(problems, raw, label: str, form: str, d, base_dir: Path) -> dict
     seed = sec.take("seed", integer(0), 0)
     value = sec.take("value", choice(*VALUES), "aligned")
     sec.take("value_noise", number(0), 0.0)
+    _head_attention(sec)
 
     # kind-specific keys, and a trial build to catch impossible geometry
     ready = d is not MISSING and count is not MISSING and seed is not MISSING
@@ -549,21 +556,43 @@ def _head_entry(problems, raw, label: str, form: str, d, base_dir: Path) -> dict
     return {k: sec.out[k] for k in HEAD_KEYS if k in sec.out}
 
 
-def _heads(problems, raw, d, base_dir: Path):
-    """Resolved heads: a list (array form) or a dict (table form); and the head count."""
+def _mask_keys(sec: _Section, mask_default) -> None:
+    """mask and its window: the window is required by the windowed masks, refused elsewhere."""
+    mask = sec.take("mask", choice(*MASKS), mask_default)
+    if mask in ("window", "causal_window"):
+        sec.take("window", integer(0), required=True)
+    elif sec.has("window"):
+        sec.problem("window", f"applies to mask = 'window' or 'causal_window' only (mask is "
+                              f"{show(mask if mask is not MISSING else mask_default)}); remove it "
+                              "or set the mask")
+
+
+def _head_attention(sec: _Section) -> None:
+    """A head's own rule, beta, mask (+ window) and ALiBi slope; absent keys inherit the
+    layer's / [dynamics]' values (rule names are checked once the rule_file is known)."""
+    sec.take("rule", string(nonempty=True)) if sec.has("rule") else None
+    sec.take("beta", number(0, lo_open=True)) if sec.has("beta") else None
+    if sec.has("mask") or sec.has("window"):
+        _mask_keys(sec, MISSING)
+    sec.take("alibi_slope", number(0)) if sec.has("alibi_slope") else None
+
+
+def _heads(problems, raw, d, base_dir: Path, where: str = ""):
+    """Resolved heads: a list (array form) or a dict (table form); and the head count.
+    ``where`` prefixes the labels (a layer's heads)."""
     if raw is MISSING:
         return [{"kind": "scalar", "strength": 1.0, "seed": 0, "value": "aligned",
                  "value_noise": 0.0}], 1
     if isinstance(raw, list):
         if not raw:
-            problems.append("heads: expected at least one head ([[heads]] tables), got an empty "
-                            "list; omit heads for one scalar head of strength 1")
+            problems.append(f"{where}heads: expected at least one head ([[heads]] tables), got an "
+                            "empty list; omit heads for one scalar head of strength 1")
             return [], None
-        out = [_head_entry(problems, h, f"[[heads]] #{i}", "array", d, base_dir)
+        out = [_head_entry(problems, h, f"{where}[[heads]] #{i}", "array", d, base_dir)
                for i, h in enumerate(raw)]
         return out, len(raw)
     if isinstance(raw, dict):
-        out = _head_entry(problems, raw, "[heads]", "table", d, base_dir)
+        out = _head_entry(problems, raw, f"{where}[heads]", "table", d, base_dir)
         return out, out.get("count")
     problems.append(f"heads: expected a table [heads] or an array of tables [[heads]], got "
                     f"{show(raw)} ({_type_name(raw)})")
@@ -619,7 +648,87 @@ def _dynamics(problems, raw, base_dir: Path, replicas) -> dict:
     sec.take("integrator", choice(*INTEGRATOR_NAMES), "rk4")
     sec.take("dtype", choice(*DTYPES), "float32")
     sec.take("arch", choice(*ARCHES), "cpu")
+    _mask_keys(sec, "none")
+    sec.take("alibi", boolean(), False)
+    if sec.has("layer_every"):
+        sec.take("layer_every", number(0, lo_open=True))
     return {k: sec.out[k] for k in DYNAMICS_KEYS if k in sec.out}
+
+
+# ----------------------------------------------------------------------------- [[layers]]
+
+def steps_from_time(t: float, dt: float):
+    """t / dt as a whole number of steps, or None when t is not a multiple of dt."""
+    r = t / dt
+    k = round(r)
+    return int(k) if abs(r - k) <= 1e-9 * max(1.0, r) else None
+
+
+def _layers(problems, raw, dyn: dict, d, base_dir: Path, n_heads):
+    """The layers after the first ([heads] and [dynamics] are layer 0): each a table with its
+    start time (or [dynamics] layer_every), optionally its own heads, rule, mask and alibi."""
+    if raw is MISSING:
+        if "layer_every" in dyn:
+            problems.append("[dynamics] layer_every: applies to a scene with [[layers]]; remove it "
+                            "or add the layers")
+        return MISSING
+    if not isinstance(raw, list) or not raw:
+        problems.append(f"layers: expected an array of tables [[layers]] (one per layer after the "
+                        f"first), got {show(raw)} ({_type_name(raw)})")
+        return MISSING
+    every = dyn.get("layer_every")
+    dt = dyn.get("dt")
+    out, previous = [], 0.0
+    for idx, layer in enumerate(raw, start=1):
+        label = f"[[layers]] #{idx}"
+        sec = _Section(problems, layer, label, LAYER_KEYS, "layers")
+        if not sec.ok:
+            continue
+        if every is not None:
+            sec.not_applicable("start", "when [dynamics] layer_every is given (layer l starts at "
+                                        "l * layer_every)")
+            start = idx * every
+        else:
+            start = sec.take("start", number(0, lo_open=True), required=True)
+        if start is not MISSING and dt is not None:
+            if start <= previous:
+                sec.problem("start", f"layers must start in increasing time after 0, got {start:g} "
+                                     f"after {previous:g}")
+            elif steps_from_time(start, dt) is None:
+                sec.problem("start" if every is None else "layer_every",
+                            f"a layer switches between steps: {start:g} is not a multiple of "
+                            f"dt = {dt:g}")
+            previous = start
+        if sec.has("heads"):
+            heads, count = _heads(problems, sec.raw["heads"], d, base_dir, where=f"{label} ")
+            sec.out["heads"] = heads
+            if count is not None and n_heads is not None and count != n_heads:
+                sec.problem("heads", f"has {count} heads, layer 0 has {n_heads}: every layer needs "
+                                     "the same number of heads (the log's columns are per head)")
+        if sec.has("rule"):
+            sec.take("rule", string(nonempty=True))
+        if sec.has("mask") or sec.has("window"):
+            _mask_keys(sec, MISSING)
+        if sec.has("alibi"):
+            sec.take("alibi", boolean())
+        out.append({k: sec.out[k] for k in LAYER_KEYS if k in sec.out})
+    return out
+
+
+def _check_rule_names(problems, data) -> None:
+    """Every rule a head or layer names is built in or comes from [dynamics] rule_file."""
+    if "rule_file" in data["dynamics"]:
+        return
+    entries = []
+    for where, heads in [("", data["heads"])] + [(f"[[layers]] #{i} ", layer.get("heads", []))
+                                                 for i, layer in enumerate(data.get("layers", []), 1)]:
+        entries += [(f"{where}head", h) for h in (heads if isinstance(heads, list) else [heads])]
+    entries += [(f"[[layers]] #{i}", layer) for i, layer in enumerate(data.get("layers", []), 1)]
+    for where, entry in entries:
+        rule = entry.get("rule")
+        if rule is not None and rule not in BUILTIN_RULES:
+            problems.append(f"{where} rule: '{rule}' is not a built-in rule ({', '.join(BUILTIN_RULES)}); "
+                            "give [dynamics] rule_file = 'my_rule.py' that registers it")
 
 
 # ----------------------------------------------------------------------------- [log]
@@ -738,6 +847,10 @@ def resolve(raw: dict, base_dir: Path, default_name: str) -> tuple[dict, list[st
     data["heads"] = heads
     data["dynamics"] = _dynamics(problems, raw.get("dynamics", {}), base_dir,
                                  tokens.get("replicas", MISSING))
+    layers = _layers(problems, raw.get("layers", MISSING), data["dynamics"], d, base_dir, n_heads)
+    if layers is not MISSING:
+        data["layers"] = layers
+    _check_rule_names(problems, data)
     data["log"] = _log(problems, raw.get("log", {}))
     data["render"] = _render(problems, raw.get("render", {}), n_heads, data["log"])
     data["output"] = _output(problems, raw.get("output", {}))

@@ -65,6 +65,8 @@ __all__ = [
     "radial_dominance_orthonormal", "radial_dominance_crossing_beta",
     "radial_cs_ratio_orthonormal",
     "orthonormal_tokens", "equiangular_tokens",
+    "PositionalRule", "HeadSpec", "alibi_slopes", "visible", "spec_weights", "spec_head_outputs",
+    "spec_velocity", "spec_step", "spec_entropy_rows", "spec_observables", "layer_at", "run_schedule",
 ]
 
 GEOMETRIES = ("sphere", "flat")
@@ -592,3 +594,174 @@ def equiangular_tokens(n, d, gamma, seed=0):
     rng = np.random.default_rng(seed)
     Qm, _ = np.linalg.qr(rng.standard_normal((d, d)))
     return X @ Qm.T
+
+
+# ------------------------------------------------------ positions, masks and depth
+#
+# A head may carry its own rule, beta, mask and ALiBi slope (``HeadSpec``); tokens sit at
+# positions 0..n-1 (row order). With z_ij = beta_h s_ij - m_h |i - j| and V_ij = 1 where the
+# mask lets row i see key j:
+#     softmax:  w_ij = V_ij k(z_ij) / sum_j V_ij k(z_ij)
+#     mean:     w_ij = V_ij k(z_ij) / sum_j V_ij          (the number of visible keys)
+# masks: "none" (all), "causal" (j <= i), "window" (|i - j| <= w), "causal_window"
+# (i - w <= j <= i). A positional user rule's kernel is k(z, i, j, n) (NumPy arrays I, J).
+# Entropies are over the visible keys. A schedule is a list of layers (heads, specs) with
+# start steps: layer l drives the steps [starts[l], starts[l+1]).
+
+MASKS = ("none", "causal", "window", "causal_window")
+
+
+@dataclass(frozen=True)
+class PositionalRule:
+    """A user rule whose kernel sees positions: kernel(z, i, j, n), vectorised NumPy."""
+
+    kernel: Callable
+    normalization: str = "softmax"
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    rule: object = "softmax"           # a rule name, UserRule or PositionalRule
+    beta: Optional[float] = None       # None: the run's beta
+    mask: str = "none"
+    window: Optional[int] = None
+    alibi: float = 0.0
+
+    def __post_init__(self):
+        if self.mask not in MASKS:
+            raise ValueError(f"mask must be one of {MASKS}, got {self.mask!r}")
+
+
+def alibi_slopes(H):
+    """The ALiBi paper's slopes 2^(-8h/H), h = 1..H."""
+    return [2.0 ** (-8.0 * h / H) for h in range(1, H + 1)]
+
+
+def visible(n, spec: HeadSpec):
+    """(n, n) booleans: may row i see key j?"""
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    if spec.mask == "none":
+        return np.ones((n, n), dtype=bool)
+    if spec.mask == "causal":
+        return j <= i
+    if spec.mask == "window":
+        return np.abs(i - j) <= spec.window
+    return (j <= i) & (i - j <= spec.window)
+
+
+def _spec_logits(x, M, beta, spec):
+    n = x.shape[0]
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    b = spec.beta if spec.beta is not None else beta
+    return b * scores(x, M) - spec.alibi * np.abs(i - j), i, j
+
+
+def spec_kernel_values(x, M, beta, spec):
+    """(n, n) k(z_ij) where visible, 0 elsewhere; the row shift m_i for exponential rules
+    (k values are then e^{z - m_i}); and the normalisation kind."""
+    z, i, j = _spec_logits(np.asarray(x, dtype=np.float64), M, beta, spec)
+    vis = visible(z.shape[0], spec)
+    if isinstance(spec.rule, PositionalRule):
+        kz = np.asarray(spec.rule.kernel(z, i, j, z.shape[0]), dtype=np.float64)
+        return np.where(vis, kz, 0.0), None, spec.rule.normalization, vis
+    name, k, norm, _, expo = _rule(spec.rule)
+    if expo:
+        zm = np.where(vis, z, -np.inf)
+        m = zm.max(axis=1, keepdims=True)
+        return np.where(vis, np.exp(zm - m), 0.0), m, norm, vis
+    return np.where(vis, np.asarray(k(z), dtype=np.float64), 0.0), None, norm, vis
+
+
+def spec_weights(x, M, beta, spec: HeadSpec):
+    """(n, n) w_ij of one head under its spec."""
+    kz, m, norm, vis = spec_kernel_values(x, M, beta, spec)
+    if norm == "softmax":
+        N = kz.sum(axis=1, keepdims=True)
+        return np.where(N != 0, kz / np.where(N != 0, N, 1.0), 0.0)
+    count = vis.sum(axis=1, keepdims=True)
+    return kz * (np.exp(m) if m is not None else 1.0) / count
+
+
+def spec_head_outputs(x, heads, beta, specs):
+    x = np.asarray(x, dtype=np.float64)
+    return np.stack([spec_weights(x, M, beta, s) @ (x @ V.T) for (M, V), s in zip(_heads(heads), specs)])
+
+
+def spec_velocity(x, heads, beta, specs, geometry="sphere"):
+    _check_geometry(geometry)
+    x = np.asarray(x, dtype=np.float64)
+    return _project(x, spec_head_outputs(x, heads, beta, specs).sum(axis=0), geometry)
+
+
+def spec_step(x, heads, beta, specs, geometry="sphere", dt=0.01, integrator="rk4"):
+    """One Euler or RK4 step (as step_euler / step_rk4) under per-head specs."""
+    x = np.asarray(x, dtype=np.float64)
+    f = lambda y: spec_velocity(y, heads, beta, specs, geometry)  # noqa: E731
+    if integrator == "euler":
+        return _retract(x + dt * f(x), geometry)
+    k1 = f(x)
+    k2 = f(x + 0.5 * dt * k1)
+    k3 = f(x + 0.5 * dt * k2)
+    k4 = f(x + dt * k3)
+    return _retract(x + (dt / 6.0) * (k1 + 2.0 * k2 + 2.0 * k3 + k4), geometry)
+
+
+def spec_entropy_rows(x, M, beta, spec):
+    """(n,) entropy of p_ij = k(z_ij) / sum over the visible keys."""
+    kz, _, _, _ = spec_kernel_values(x, M, beta, spec)
+    N = kz.sum(axis=1, keepdims=True)
+    p = np.where(N != 0, kz / np.where(N != 0, N, 1.0), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0)
+    return -terms.sum(axis=1)
+
+
+def spec_observables(x, heads, beta, specs, geometry="sphere"):
+    """The log columns that need no potential (energy columns are nan under masks, biases,
+    positions and schedules): kinetic, gamma_bar, eps and per head the T/C/R terms, radial
+    shadows, dominance and entropies."""
+    x = np.asarray(x, dtype=np.float64)
+    n = x.shape[0]
+    hs = _heads(heads)
+    F = spec_head_outputs(x, hs, beta, specs)
+    H = F.shape[0]
+    xdot = _project(x, F.sum(axis=0), geometry)
+    a = np.einsum("hnd,nd->hn", F, x)
+    PF = np.stack([_project(x, F[h], geometry) for h in range(H)])
+    T = np.einsum("hnd,hnd->h", PF, PF) / n
+    ssum = x.sum(axis=0)
+    gamma_bar = (float(ssum @ ssum) - n) / (n * (n - 1)) if n > 1 else np.nan
+    out = {"kinetic": float(np.sum(xdot * xdot) / n), "gamma_bar": gamma_bar, "eps": 1.0 - gamma_bar}
+    for h in range(H):
+        others = [g for g in range(H) if g != h]
+        C = sum(np.sum(F[h] * F[g]) for g in others) / n
+        R = sum(np.sum(a[h] * a[g]) for g in others) / n if geometry == "sphere" else 0.0
+        Rabs = sum(np.sum(np.abs(a[h] * a[g])) for g in others) / n if geometry == "sphere" else 0.0
+        ent = spec_entropy_rows(x, hs[h][0], beta, specs[h])
+        out[f"tangent_power_h{h}"] = float(T[h])
+        out[f"cross_coupling_h{h}"] = float(C)
+        out[f"radial_shadow_h{h}"] = float(R)
+        out[f"energy_rate_h{h}"] = float(T[h] + C - R)
+        out[f"radial_mean_h{h}"] = float(np.mean(a[h]))
+        out[f"radial_absmax_h{h}"] = float(np.max(np.abs(a[h])))
+        out[f"radial_dominance_h{h}"] = float(Rabs / T[h]) if T[h] > 0 else (np.inf if Rabs > 0 else 0.0)
+        out[f"entropy_mean_h{h}"] = float(np.mean(ent))
+        out[f"entropy_min_h{h}"] = float(np.min(ent))
+        out[f"entropy_max_h{h}"] = float(np.max(ent))
+    return out
+
+
+def layer_at(starts, step):
+    """The layer in force for the step from state ``step`` (starts: first step of each layer)."""
+    return max(l for l, s in enumerate(starts) if s <= step)
+
+
+def run_schedule(x, layers, starts, beta, steps, geometry="sphere", dt=0.01, integrator="rk4"):
+    """x after ``steps`` steps of a layer schedule; layers: [(heads, specs), ...]."""
+    x = np.asarray(x, dtype=np.float64)
+    if geometry == "sphere":
+        x = x / np.linalg.norm(x, axis=-1, keepdims=True)
+    for step in range(steps):
+        heads, specs = layers[layer_at(starts, step)]
+        x = spec_step(x, heads, beta, specs, geometry, dt, integrator)
+    return x

@@ -64,6 +64,14 @@ def test_engine_and_observables_match_reference_on_gpu(gpu_arch, rule, d):
     assert f"ok on {gpu_arch}" in check("engine", rule, 300, d)
 
 
+@pytest.mark.parametrize("n, d", [(600, 5), (300, 40)])
+def test_masks_biases_and_positional_rules_match_reference_on_gpu(gpu_arch, n, d):
+    """Causal and window masks (band-limited key tiles), ALiBi, per-head rules and betas and a
+    position-aware user rule, with four rows per thread (d = 5) and one (d = 40); the causal
+    first token bit for bit."""
+    assert f"ok on {gpu_arch}" in check("positions", n, d)
+
+
 def test_ensemble_matches_reference_on_gpu(gpu_arch):
     assert f"ok on {gpu_arch}" in check("ensemble")
 

@@ -39,3 +39,12 @@ def test_sigmoid_example_scene_runs_from_the_command_line(tmp_path):
                          "--out", tmp_path / "s")
     assert proc.returncode == 0, proc.stderr
     assert "executing rule file" in proc.stdout and "sigmoid_rule.py" in proc.stdout
+
+
+def test_readme_positions_example_runs(capsys):
+    block = next(b for b in PYTHON_BLOCKS if "Attention(" in b)
+    namespace = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    assert "[0, 0, 0, 0, 0, 1, 1, 1, 1, 1]" in capsys.readouterr().out
+    x0 = namespace["x"][0] / np.linalg.norm(namespace["x"][0])
+    assert np.allclose(namespace["causal"].tokens[0], x0, atol=1e-6)

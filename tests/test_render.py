@@ -269,3 +269,20 @@ def test_plot_summary_and_quantity(tmp_path):
     assert plot_quantity(log, "eps", tmp_path / "eps.svg").is_file()
     with pytest.raises(ValueError, match="unknown quantity"):
         plot_quantity(log, "nonsense", tmp_path / "x.png")
+
+
+def test_scheduled_run_frames_name_the_layer(tmp_path):
+    """A log with a `layer` column (a layer schedule): the title shows the layer of the frame."""
+    info = info_for(3)
+    xs = collapsing_tokens(info.n, 3, 3)
+    log = fake_log([0.0, 1.0, 2.0], info.n_heads, info.n)
+    log["layer"] = np.array([0, 1, 2])
+    stamps = []
+    with Animation(tmp_path / "layers.gif", RenderConfig(**SMALL), info, t_end=2.0) as anim:
+        for i, x in enumerate(xs):
+            anim.add_frame(x, float(i), {k: v[: i + 1] for k, v in log.items()})
+            stamps.append(anim._time_text.get_text())
+    assert stamps == ["layer 0   t = 0.000", "layer 1   t = 1.000", "layer 2   t = 2.000"]
+    with Animation(tmp_path / "plain.gif", RenderConfig(**SMALL), info, t_end=2.0) as anim:
+        anim.add_frame(xs[0], 0.0, {k: v[:1] for k, v in fake_log([0.0], info.n_heads, info.n).items()})
+        assert anim._time_text.get_text() == "t = 0.000"

@@ -257,7 +257,8 @@ def test_docs_model_states_every_checked_theorem():
     for key, mod in EXPERIMENTS:
         theorem = {"e1_energy": "Theorem 12", "e2_radial": "Condition 8", "e3_critical": "Theorem 19",
                    "e4_heterogeneous": "Theorem 22", "e5_relu": "Theorem 25", "e6_entropy": "Theorem 27",
-                   "e7_near_orthogonal": "Theorem 39"}[key]
+                   "e7_near_orthogonal": "Theorem 39",
+                   "e8_causal": "Causal attention collapses onto the first token"}[key]
         assert theorem in text, key
 
 
@@ -275,3 +276,25 @@ def test_cli_compare_with_a_missing_report_is_a_user_error(tmp_path, capsys):
     rc = cli_main(["reproduce", "--quick", "--out", str(tmp_path / "r"), "--compare", str(tmp_path / "nope.json")])
     assert rc == 2
     assert "nope.json" in capsys.readouterr().err
+
+
+def test_causal_collapse_onto_the_first_token(tmp_path):
+    """e8 (quick, ~10 s): every run collapses onto token 0's start, token 0 never moves, the
+    others do, and without the mask the cluster forms elsewhere."""
+    from particles.app.reproduce import e8_causal
+    res = e8_causal.run_experiment(True, tmp_path)
+    numbers = res.numbers
+    assert all(g["collapsed"] == g["total"] for g in numbers["grid"])
+    assert numbers["token0_max_drift"] <= 1e-12 and numbers["other_tokens_min_median_move"] > 0.1
+    assert numbers["control_offset"] > 0.05      # unmasked: the cluster forms elsewhere
+    assert res.passed and all(c.verdict == "agrees" for c in res.checks if c.note != "informational")
+
+
+def test_causal_collapse_measure_tells_masked_from_unmasked():
+    """What the verdict rests on: the same tokens and matrix collapse onto token 0 only with
+    the mask; without it token 0 moves and no run meets the criterion (so the check can fail)."""
+    from particles.app.reproduce.e8_causal import collapse
+    T, drift, _, moved, _ = collapse(8, 1.0, 2, 0.2, 60.0, causal=True)
+    assert np.all(np.isfinite(T)) and drift <= 1e-12 and moved > 0.1
+    T, drift, _, _, _ = collapse(8, 1.0, 2, 0.2, 60.0, causal=False)
+    assert np.all(np.isnan(T)) and drift > 1e-2

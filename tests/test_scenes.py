@@ -94,7 +94,7 @@ def test_defaults_are_filled():
                            "value_noise": 0.0}]
     assert d["dynamics"] == {"geometry": "sphere", "rule": "exp", "beta": 1.0, "dt": 0.01,
                              "steps": 1000, "integrator": "rk4", "dtype": "float32",
-                             "arch": "cpu"}
+                             "arch": "cpu", "mask": "none", "alibi": False}
     assert d["log"] == {"every": 1, "energy": True, "radial": True, "entropy": True,
                         "entropy_rate": False, "clusters_every": 0, "cluster_threshold": 0.99,
                         "trajectory_every": 10}
@@ -352,6 +352,7 @@ EXPECTED_LIBRARY = {
     "critical_beta_h2_below", "critical_beta_h2_above", "critical_beta_h3",
     "heterogeneous_heads", "homogeneous_heads", "relu_vs_softmax_relu",
     "relu_vs_softmax_softmax", "entropy_rise", "near_orthogonal",
+    "causal_kpr", "alibi_vs_none_alibi", "alibi_vs_none_none", "three_layers",
 }
 
 
@@ -433,6 +434,8 @@ def test_scene_vocabularies_match_the_modules_that_own_them():
     import particles.backend
     assert schema.GEOMETRIES == particles.simulation.GEOMETRIES
     assert schema.DTYPES == particles.simulation.DTYPES
+    import particles.attention
+    assert schema.MASKS == particles.attention.MASKS
     assert schema.ARCHES == particles.backend.ARCH_CHOICES
 
 

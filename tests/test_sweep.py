@@ -361,3 +361,19 @@ def test_plots_and_cli(reference_run, tmp_path, capsys):
     assert all(p.stat().st_size > 1000 for p in written)
     _, out, _ = reference_run
     assert [p.name for p in plot_sweep(out.parent)] == ["phase_diagram.png", "phase_diagram.svg"]
+
+
+def test_plots_never_write_through_a_planted_link(reference_run, tmp_path):
+    import shutil
+    from particles.app.sweep.plots import plot_sweep
+    from particles.atomic import SymlinkRefused
+    _, out, _ = reference_run
+    copy = tmp_path / "sweep"
+    shutil.copytree(out.parent, copy)
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me")
+    (copy / "phase_diagram.svg").unlink(missing_ok=True)
+    (copy / "phase_diagram.svg").symlink_to(victim)
+    with pytest.raises(SymlinkRefused, match="symbolic link"):
+        plot_sweep(copy)
+    assert victim.read_text() == "keep me"

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from particles.attention import Attention, alibi_slopes
 from particles.rules import get_rule, load_rule_file
+from particles.schedule import Layer, Schedule
 from particles.simulation import Simulation
+from scenes.scene import build_heads
+from scenes.schema import steps_from_time
 
 SLOW_PAIRS = 1e11        # pairs per evaluation above which a run is announced as slow
 CPU_PAIR_LIMIT = 1e13    # above this one evaluation takes hours on a CPU, in one kernel call
@@ -135,9 +139,49 @@ def build_simulation(scene, *, tokens=None, heads=None, beta=None, entropy_rate=
     _check_finite_in_dtype(data, heads, beta)
     if entropy_rate is None:
         entropy_rate = data.get("log", {}).get("entropy_rate", False)
+    attention = head_attention(data["heads"], {}, dyn, len(heads))
+    layers = data.get("layers")
+    if layers:
+        heads = _schedule(data, heads, attention)
+        attention = None
     return Simulation(tokens, heads, beta=beta, rule=rule, geometry=dyn["geometry"], dt=dyn["dt"],
                       integrator=dyn["integrator"], dtype=dyn["dtype"], arch=dyn["arch"],
-                      entropy_rate=entropy_rate)
+                      entropy_rate=entropy_rate, attention=attention)
+
+
+def head_attention(entries, layer: dict, dyn: dict, n_heads: int) -> list[Attention]:
+    """Each head's Attention: its own keys, else its layer's, else [dynamics]' (mask, window,
+    rule; ALiBi slopes 2^(-8h/H) when alibi = true, unless the head gives alibi_slope)."""
+    entries = entries if isinstance(entries, (list, tuple)) else [entries]
+    rule = layer.get("rule", dyn["rule"])
+    mask = layer.get("mask", dyn.get("mask", "none"))
+    window = layer.get("window", dyn.get("window")) if "mask" in layer else dyn.get("window")
+    alibi = layer.get("alibi", dyn.get("alibi", False))
+    slopes = alibi_slopes(n_heads) if alibi else [0.0] * n_heads
+    out = []
+    for entry in entries:
+        for _ in range(entry.get("count", 1)):
+            h = len(out)
+            head_mask = entry.get("mask", mask)
+            out.append(Attention(mask=head_mask,
+                                 window=entry.get("window") if "mask" in entry else window,
+                                 alibi=float(entry.get("alibi_slope", slopes[h])),
+                                 beta=entry.get("beta"), rule=entry.get("rule", rule)))
+    return out
+
+
+def _schedule(data, heads0, attention0) -> Schedule:
+    """[heads] and [dynamics] as layer 0, then each [[layers]] table; a layer without heads
+    shares layer 0's (weight sharing)."""
+    dyn, d = data["dynamics"], data["tokens"]["d"]
+    every = dyn.get("layer_every")
+    layers, starts = [Layer(heads0, None, attention0)], [0]
+    for index, layer in enumerate(data["layers"], start=1):
+        entries = layer.get("heads", data["heads"])
+        heads = build_heads(entries, d) if "heads" in layer else heads0
+        layers.append(Layer(heads, None, head_attention(entries, layer, dyn, len(heads))))
+        starts.append(steps_from_time(layer["start"] if every is None else index * every, dyn["dt"]))
+    return Schedule(tuple(layers), tuple(starts))
 
 
 __all__ = ["build_simulation", "load_scene_rule", "estimate_bytes", "check_size"]

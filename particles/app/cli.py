@@ -115,6 +115,8 @@ def _print_summary(result) -> None:
                   f"  per-head energies monotone: "
                   + ", ".join(f"h{h} {'n/a (no potential)' if m is None else 'yes' if m else 'no'}"
                                for h, m in enumerate(mono))]
+        if s.get("energy_note"):
+            lines.append(f"  note: {s['energy_note']}")
     if result.message and result.status != "failed":
         lines.append("  " + result.message)
     print("\n".join(lines))

@@ -79,7 +79,7 @@ def rerender(run_dir, out=None, trust_rule_file: bool = False, **overrides) -> P
                 "or cluster")
         sim = build_simulation(scene, tokens=tokens[0], heads=heads, beta=meta["beta"][0],
                                entropy_rate=False, echo=print if rule_file else None)
-    panel_keys = [k for k in log if k in ("time", "energy") or
+    panel_keys = [k for k in log if k in ("time", "energy", "layer") or
                   k.startswith(("energy_h", "radial_dominance_h", "entropy_mean_h"))]
     with Animation(path, cfg, run_info(scene, heads, meta["beta"][0]), t_end=float(times[-1]),
                    final_tokens=tokens[-1]) as anim:

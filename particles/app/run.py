@@ -38,7 +38,7 @@ from .interrupts import DeferredInterrupts
 from .progress import Progress
 from .run_dir import RunDirLock, claim_for_new_run, clear_run, describe_os_error, is_machine_fault, new_run_dir
 from .run_writers import LogCsv, Trajectory, Video
-from .summary import Summary
+from .summary import Summary, energy_note
 
 
 @dataclass
@@ -118,8 +118,12 @@ class Runner:
         self.frame_every = max(self.log_every, int(round(raw / self.log_every)) * self.log_every)
         groups = tuple(g for g in ("energy", "radial", "entropy") if getattr(log, g))
         self.columns = columns(sim.n_heads, sim.entropy_rate_enabled, clusters_every > 0,
-                               sim.ensemble, groups)
-        self.summary = Summary(sim.n_heads, 1e-5 if sim.dtype == "float32" else 1e-10, self.log_every)
+                               sim.ensemble, groups, layer=sim.scheduled)
+        note = energy_note(sim)
+        if note and "energy" in groups:
+            echo(f"note: {note}")
+        self.summary = Summary(sim.n_heads, 1e-5 if sim.dtype == "float32" else 1e-10, self.log_every,
+                               energy_note=note)
 
         self.log_path = self.run_dir / "log.csv"
         self.video_path = self.run_dir / render_cfg.file if self.render_on else None

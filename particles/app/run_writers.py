@@ -119,8 +119,8 @@ class Video(Writer):
             if row.get("replica", 0) != 0:
                 continue
             for key, value in row.items():
-                if key == "time" or key == "energy" or key.startswith(("energy_h", "radial_dominance_h",
-                                                                       "entropy_mean_h")):
+                if key in ("time", "energy", "layer") or key.startswith(("energy_h", "radial_dominance_h",
+                                                                          "entropy_mean_h")):
                     h.setdefault(key, []).append(value)
             if len(h["time"]) > PANEL_HISTORY_LIMIT:  # thin old points; the curve keeps its shape
                 for key in h:

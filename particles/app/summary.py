@@ -12,8 +12,10 @@ class Summary(Writer):
     A drive writer: it observes the log's rows (``observe = Every(log_every)``).
     """
 
-    def __init__(self, n_heads: int, tolerance: float, log_every: int = 1):
+    def __init__(self, n_heads: int, tolerance: float, log_every: int = 1,
+                 energy_note: str | None = None):
         self.n_heads, self.tol = n_heads, tolerance
+        self.energy_note = energy_note
         self.observe = Every(log_every)
         self.first_energy = self.last_energy = None
         self.final_eps = math.nan
@@ -68,4 +70,23 @@ class Summary(Writer):
             "max_radial_dominance": self.max_dominance,
             "condition8_held": all(d <= 1.0 for d in self.max_dominance),
             "per_head_energy_monotone": self.monotone,
+            **({"energy_note": self.energy_note} if self.energy_note else {}),
         }
+
+
+def energy_note(sim) -> str | None:
+    """Why the energy columns are NaN, in one sentence (None when every head has an energy)."""
+    if sim.scheduled:
+        return ("energy columns are NaN: a layer schedule changes the heads in time, so no single "
+                "potential exists (docs/LOG.md); radial shadows, entropies, clusters and T/C/R are logged")
+    reasons = []
+    for h, a in enumerate(sim.attention):
+        if a.has_potential:
+            continue
+        why = [w for w, on in (("a " + a.mask + " mask", a.masked), ("an ALiBi bias", a.alibi > 0),
+                               ("a position-aware rule", a.rule.positional)) if on]
+        reasons.append(f"head {h}: " + (", ".join(why) if why else f"rule {a.rule.name!r} has no potential"))
+    if not reasons:
+        return None
+    return ("energy is NaN where no potential exists (" + "; ".join(reasons) + "; docs/LOG.md); "
+            "radial shadows, entropies, clusters and T/C/R are logged")

@@ -3,7 +3,7 @@
     from particles.app.reproduce import main
     report = main(quick=True, out_dir=Path("repro"))   # -> repro/report.md (+ report.json, PNGs)
 
-One module per experiment (``e1_energy`` ... ``e7_near_orthogonal``); each exposes
+One module per experiment (``e1_energy`` ... ``e8_causal``); each exposes
 ``run_experiment(quick, fig_dir) -> common.Result``, whose checks each carry a verdict
 (agrees / disagrees / outside the theorem's assumptions / cannot decide; ``stats``).
 Helpers: ``stats`` (fits with confidence intervals, bootstrap, verdicts), ``equiangular``
@@ -23,7 +23,7 @@ import traceback
 from pathlib import Path
 
 from . import (e1_energy, e2_radial, e3_critical, e4_heterogeneous, e5_relu, e6_entropy,
-               e7_near_orthogonal)
+               e7_near_orthogonal, e8_causal)
 from .common import jsonable
 from .report import compare_verdicts, verdict_counts, write_markdown
 
@@ -35,6 +35,7 @@ EXPERIMENTS = [
     ("e5_relu", e5_relu),
     ("e6_entropy", e6_entropy),
     ("e7_near_orthogonal", e7_near_orthogonal),
+    ("e8_causal", e8_causal),
 ]
 
 __all__ = ["main", "EXPERIMENTS"]

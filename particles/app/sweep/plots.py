@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.colors import LogNorm
 
+from particles.atomic import refuse_symlink
 from render.figures import new_figure, save_png_svg
 from particles.theory import beta_star, c_star, equiangular_rhs, equiangular_time  # noqa: F401
 
@@ -317,6 +318,9 @@ def plot_sweep(sweep_dir) -> list[Path]:
     axes = {a["key"]: a["values"] for a in meta.get("axes", [])}
     cols = meta.get("columns", [])
     written: list[Path] = []
+    for name in ("phase_diagram", "clustering_time_n", "clustering_time_d"):
+        for suffix in (".png", ".svg"):   # never write through a link left in the folder
+            refuse_symlink(folder / (name + suffix))
     if len(axes.get("dynamics.beta", [])) >= 2 and ("clusters" in cols or "eps" in cols):
         written += plot_phase_diagram(results, folder / "phase_diagram")
     for key, short in (("tokens.n", "n"), ("tokens.d", "d")):

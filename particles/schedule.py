@@ -1,0 +1,60 @@
+"""Depth as time: a schedule of layers, each with its own heads, rule and attention options.
+
+Layer l holds for the steps in [starts[l], starts[l+1]) and the last one holds to the end
+(a piecewise-constant vector field; the layer of a step is a function of the step count
+alone, so a resumed run switches exactly where the uninterrupted one does). Every layer
+has the same number of heads: the log's per-head columns are the heads of the layer in
+force (the ``layer`` column says which). Weight sharing across layers is a layer listed
+twice.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class Layer:
+    """heads: as Simulation takes them; rule: None for the simulation's rule; attention:
+    None, one ``particles.Attention`` for every head, or one per head."""
+
+    heads: Sequence
+    rule: object = None
+    attention: object = None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    layers: tuple
+    starts: tuple  # the step at which each layer starts: starts[0] = 0, strictly increasing
+
+    def __post_init__(self):
+        layers, starts = tuple(self.layers), tuple(int(s) for s in self.starts)
+        object.__setattr__(self, "layers", layers)
+        object.__setattr__(self, "starts", starts)
+        if not layers:
+            raise ValueError("a schedule needs at least one layer")
+        if len(starts) != len(layers):
+            raise ValueError(f"a schedule has {len(layers)} layers but {len(starts)} start steps")
+        if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
+            raise ValueError(f"layer start steps must begin at 0 and increase strictly, got {list(starts)}")
+        for idx, layer in enumerate(layers):
+            if not isinstance(layer, Layer):
+                raise TypeError(f"schedule layer {idx} must be a particles.Layer, got {type(layer).__name__}")
+
+    @classmethod
+    def every(cls, layers: Sequence[Layer], steps: int) -> "Schedule":
+        """Layer l for the steps [l * steps, (l + 1) * steps); the last holds after."""
+        if int(steps) < 1:
+            raise ValueError(f"steps per layer must be >= 1, got {steps!r}")
+        return cls(tuple(layers), tuple(l * int(steps) for l in range(len(layers))))
+
+    def layer_at(self, step: int) -> int:
+        """The index of the layer in force for the step from state ``step``."""
+        return bisect.bisect_right(self.starts, int(step)) - 1
+
+    def steps_left_in_layer(self, step: int) -> int | None:
+        """Steps from ``step`` until the next switch (None in the last layer)."""
+        nxt = self.layer_at(step) + 1
+        return self.starts[nxt] - int(step) if nxt < len(self.starts) else None
