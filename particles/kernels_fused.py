@@ -33,11 +33,17 @@ import taichi as ti
 from . import kernels
 from .kernels import SLOTS_PER_HEAD, n_tok_slots
 
-# Auto choice (Simulation(path="auto")): the fused path up to this many tokens, ranks up to
-# FUSED_MAX_RANK (its per-row accumulators live in registers), no entropy rate (it needs a
-# second pair pass the fused kernel does not have). Above it the tiled path, whose two
-# threads per replica win once a step's pair work dwarfs the launches (benchmarks/step.py).
+# Auto choice (Simulation(path="auto")): the fused path for ranks up to FUSED_MAX_RANK (its
+# per-row accumulators live in registers) and no entropy rate (it needs a second pair pass the
+# fused kernel does not have), while the pair work of an evaluation, n^2 H (r + rv + EXP_COST)
+# multiply-add equivalents, stays under FUSED_MAX_WORK (float32), or n <= FUSED_MAX_N (float64,
+# whose exp is libm per lane). Above it the tiled path, whose two threads per replica win once
+# a step's pair work dwarfs its launches. Measured single-replica RK4, tiled / fused time:
+# (1024, 3, 1) 1.74, (2048, 3, 1) 1.24, (1024, 8, 3) 1.21, (512, 16, 4) 1.35 (59e6 to 126e6);
+# (1024, 16, 4) 0.81 (235e6).
 FUSED_MAX_N = 256
+FUSED_MAX_WORK = 150e6
+EXP_COST = 24  # the float32 exp and the weight bookkeeping, in multiply-adds per pair
 FUSED_MAX_RANK = 32
 PATHS = ("auto", "fused", "tiled")
 TRF = 2        # row vectors per register tile of the pair pass (measured: 4 at r = 3, 1 at r = 16 no faster)
@@ -46,7 +52,13 @@ EXP_SQUARINGS = 5  # the float32 exp squares e^(z / 32): |z / 32| <= 0.94 for z 
 EXP_DEGREE = 7     # Taylor degree of e^y there: truncation below the squarings' rounding for z >= -10
 
 
-def choose_path(path: str, n: int, r: int, rv: int, arch: str, entropy_rate: bool) -> str:
+def pair_work(n: int, H: int, r: int, rv: int) -> float:
+    """Multiply-add equivalents of one evaluation's pair pass (the auto path choice)."""
+    return float(n) * n * H * (r + rv + EXP_COST)
+
+
+def choose_path(path: str, n: int, H: int, r: int, rv: int, dtype: str, arch: str,
+                entropy_rate: bool) -> str:
     """'fused' or 'tiled' for a requested path; raises for a fused request it cannot serve."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -59,7 +71,8 @@ def choose_path(path: str, n: int, r: int, rv: int, arch: str, entropy_rate: boo
         if reason:
             raise ValueError(f"path 'fused' is not available here: {reason}; use path 'tiled' or 'auto'")
         return "fused"
-    if path == "tiled" or reason or n > FUSED_MAX_N or max(r, rv) > FUSED_MAX_RANK:
+    small = n <= FUSED_MAX_N or (dtype == "float32" and pair_work(n, H, r, rv) <= FUSED_MAX_WORK)
+    if path == "tiled" or reason or not small or max(r, rv) > FUSED_MAX_RANK:
         return "tiled"
     return "fused"
 

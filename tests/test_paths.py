@@ -73,7 +73,13 @@ def test_auto_path_choice_and_errors():
     assert particles.Simulation(x, heads, path="tiled").path == "tiled"
     assert particles.Simulation(x, heads, rule="softmax", entropy_rate=True).path == "tiled"
     bigger = random_tokens(kernels_fused.FUSED_MAX_N + 1, 3)
-    assert particles.Simulation(bigger, heads).path == "tiled"
+    assert particles.Simulation(bigger, heads, dtype="float64").path == "tiled"
+    # float32: by the pair work n^2 H (r + rv + EXP_COST), either side of FUSED_MAX_WORK
+    assert particles.Simulation(bigger, heads).path == "fused"
+    assert kernels_fused.pair_work(1024, 1, 3, 3) <= kernels_fused.FUSED_MAX_WORK
+    assert kernels_fused.choose_path("auto", 1024, 1, 3, 3, "float32", "cpu", False) == "fused"
+    assert kernels_fused.pair_work(1024, 4, 16, 16) > kernels_fused.FUSED_MAX_WORK
+    assert kernels_fused.choose_path("auto", 1024, 4, 16, 16, "float32", "cpu", False) == "tiled"
     with pytest.raises(ValueError, match="path must be one of"):
         particles.Simulation(x, heads, path="fast")
     with pytest.raises(ValueError, match="entropy-rate"):
