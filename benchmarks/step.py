@@ -9,8 +9,9 @@ warm-up (compile time excluded: the Simulation compiles when built), ``ti.sync()
 every timed region:
 
 small n (``--small``): RK4, softmax, sphere, float32, observables every 10 steps, a run of
-    steps per sample. engine = ``Simulation(path="auto")`` (the fused path up to 256 tokens),
-    tiled = the per-kernel path, numpy = ``peers.numpy_rk4_run`` (a plain NumPy RK4 loop).
+    steps per sample. engine = ``Simulation(path="auto")`` (the fused path while the pair
+    work n^2 H (r + rv + 24) is under 1.5e8, float32), tiled = the per-kernel path,
+    numpy = ``peers.numpy_rk4_run`` (a plain NumPy RK4 loop).
 large n (``--sizes``): one Euler step, softmax, sphere, float32, H heads given as factors
     (full r = rv = d, and low rank r = rv = max(1, d // H)):
         engine       sim.advance(1)
@@ -364,6 +365,8 @@ def print_table(records):
               f"{fmt(r.get('engine_over_bound'), '7.2f')} {fmt(r.get('mem_engine_mib'), '7.0f')} "
               f"{fmt(r.get('mem_numpy_mib'), '6.0f')} {fmt(r.get('mem_torch_mib'), '6.0f')} "
               f"{fmt(r.get('max_abs_diff_vs_numpy'), '8.1e')}", flush=True)
+    for (n, d, H, r), ratio in low_rank_speedups(records).items():
+        print(f"  ({n}, {d}, {H}): rank-{r} heads {ratio:.1f}x faster than full heads")
 
 
 def markdown(run):
@@ -389,7 +392,20 @@ def markdown(run):
                    f"{fmt(r.get('engine_over_torch'), '.2f')} | {fmt(r.get('engine_over_bound'), '.2f')} | "
                    f"{fmt(r.get('mem_engine_mib'), '.0f')} / {fmt(r.get('mem_numpy_mib'), '.0f')} / "
                    f"{fmt(r.get('mem_torch_mib'), '.0f')} |")
+    speedups = low_rank_speedups(run["results"])
+    if speedups:
+        out += ["", "Low-rank heads against full heads, engine time full / low: " + ", ".join(
+            f"({n}, {d}, {H}) rank {r} {ratio:.1f}x" for (n, d, H, r), ratio in speedups.items()) + "."]
     return "\n".join(out)
+
+
+def low_rank_speedups(records):
+    """{(n, d, H, r): full engine time / low-rank engine time} where a run timed both."""
+    full = {(r["n"], r["d"], r["H"]): r["engine_ms"] for r in records
+            if r["structure"] == "full" and "engine_ms" in r}
+    return {(r["n"], r["d"], r["H"], r["r"]): full[(r["n"], r["d"], r["H"])] / r["engine_ms"]
+            for r in records if r["structure"] == "low" and "engine_ms" in r
+            and (r["n"], r["d"], r["H"]) in full}
 
 
 def parse_size(text):

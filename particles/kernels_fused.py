@@ -11,8 +11,8 @@ vectors, what the loop vectoriser picks), while the JIT's code generator targets
 CPU (AVX-512 here). So the full width comes only from explicit Taichi vectors compiled
 unscalarised: the state lives transposed, ``L`` tokens per vector (16 float32 / 8 float64
 = 512 bits), and every loop over tokens is a loop over such vectors. Taichi cannot cast,
-bit-cast or call exp on those vectors, so the float32 exp is a polynomial with 2^n built
-by selects (``exp_clamped``).
+bit-cast or call exp on those vectors, so the float32 exp is a polynomial of e^(z / 32)
+squared five times (``exp_clamped``).
 
 Layout per replica b (e < d, a < rank, jl < nbl groups of L tokens, npad = nbl L):
     xt, st, kt_, at  (R, d, nbl)     state, stage state, stage velocity, RK4 sum (transposed)
@@ -26,24 +26,39 @@ Layout per replica b (e < d, a < rank, jl < nbl groups of L tokens, npad = nbl L
 """
 
 import functools
+import math
 
 import taichi as ti
 
 from . import kernels
 from .kernels import SLOTS_PER_HEAD, n_tok_slots
 
-# Auto choice (Simulation(path="auto")): the fused path up to this many tokens, ranks up to
-# FUSED_MAX_RANK (its per-row accumulators live in registers), no entropy rate (it needs a
-# second pair pass the fused kernel does not have). Above it the tiled path, whose two
-# threads per replica win once a step's pair work dwarfs the launches (benchmarks/step.py).
+# Auto choice (Simulation(path="auto")): the fused path for ranks up to FUSED_MAX_RANK (its
+# per-row accumulators live in registers) and no entropy rate (it needs a second pair pass the
+# fused kernel does not have), while the pair work of an evaluation, n^2 H (r + rv + EXP_COST)
+# multiply-add equivalents, stays under FUSED_MAX_WORK (float32), or n <= FUSED_MAX_N (float64,
+# whose exp is libm per lane). Above it the tiled path, whose two threads per replica win once
+# a step's pair work dwarfs its launches. Measured single-replica RK4, tiled / fused time:
+# (1024, 3, 1) 1.74, (2048, 3, 1) 1.24, (1024, 8, 3) 1.21, (512, 16, 4) 1.35 (59e6 to 126e6);
+# (1024, 16, 4) 0.81 (235e6).
 FUSED_MAX_N = 256
+FUSED_MAX_WORK = 150e6
+EXP_COST = 24  # the float32 exp and the weight bookkeeping, in multiply-adds per pair
 FUSED_MAX_RANK = 32
 PATHS = ("auto", "fused", "tiled")
-TRF = 2        # row vectors per register tile of the pair pass
+TRF = 2        # row vectors per register tile of the pair pass (measured: 4 at r = 3, 1 at r = 16 no faster)
 CLAMP = -30.0  # float32 weights below e^-30 relative to the row maximum are rounded up to it
+EXP_SQUARINGS = 5  # the float32 exp squares e^(z / 32): |z / 32| <= 0.94 for z >= CLAMP
+EXP_DEGREE = 7     # Taylor degree of e^y there: truncation below the squarings' rounding for z >= -10
 
 
-def choose_path(path: str, n: int, r: int, rv: int, arch: str, entropy_rate: bool) -> str:
+def pair_work(n: int, H: int, r: int, rv: int) -> float:
+    """Multiply-add equivalents of one evaluation's pair pass (the auto path choice)."""
+    return float(n) * n * H * (r + rv + EXP_COST)
+
+
+def choose_path(path: str, n: int, H: int, r: int, rv: int, dtype: str, arch: str,
+                entropy_rate: bool) -> str:
     """'fused' or 'tiled' for a requested path; raises for a fused request it cannot serve."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -56,7 +71,8 @@ def choose_path(path: str, n: int, r: int, rv: int, arch: str, entropy_rate: boo
         if reason:
             raise ValueError(f"path 'fused' is not available here: {reason}; use path 'tiled' or 'auto'")
         return "fused"
-    if path == "tiled" or reason or n > FUSED_MAX_N or max(r, rv) > FUSED_MAX_RANK:
+    small = n <= FUSED_MAX_N or (dtype == "float32" and pair_work(n, H, r, rv) <= FUSED_MAX_WORK)
+    if path == "tiled" or reason or not small or max(r, rv) > FUSED_MAX_RANK:
         return "tiled"
     return "fused"
 
@@ -107,7 +123,7 @@ def vector_helpers(real, L: int):
     with kernels_wide)."""
     f32 = real == ti.f32
     vec = ti.types.vector(L, real)
-    ln2_hi, ln2_lo = 0.693145751953125, 1.428606765330187e-06  # Cody-Waite split of ln 2
+    taylor = [1.0 / math.factorial(k) for k in range(EXP_DEGREE + 1)]
 
     @ti.func
     def c(value):
@@ -123,22 +139,20 @@ def vector_helpers(real, L: int):
 
     @ti.func
     def exp_clamped(zc):
-        """e^zc for CLAMP <= zc <= 0, lane-wise. float32: zc = n ln2 + y, e^y by the degree-5
-        polynomial of kernels.py (relative error ~2e-7), 2^n (n in [-44, 0]) as a product of
-        selected powers 2^-(2^k): Taichi vectors have no bit casts. float64: libm per lane."""
+        """e^zc for CLAMP <= zc <= 0, lane-wise. float32: e^zc = (e^(zc / 2^S))^(2^S), the inner
+        exp by its Taylor polynomial of degree EXP_DEGREE on [-30 / 2^S, 0] (exact at 0), then S
+        squarings: 20 vector operations, against ~48 for a Cody-Waite reduction whose 2^n has to
+        be built by selects (Taichi vectors have no bit casts). The squarings double the
+        rounding error five times: absolute error <= 1.4e-6, relative <= 3.4e-6 for zc >= -10
+        (weights that count), within the float32 tolerance of a step (1e-5). float64: libm per lane."""
         result = zc
         if ti.static(f32):
-            nf = ti.floor(zc * c(1.4426950408889634) + c(0.5))
-            y = (zc - nf * c(ln2_hi)) - nf * c(ln2_lo)
-            p = y * c(8.3337789401e-3) + c(4.1898537427e-2)
-            p = p * y + c(1.6666887701e-1)
-            p = p * y + c(4.9999141693e-1)
-            p = p * y * y + y + c(1.0)
-            t = nf * c(-1.0)
-            for k in ti.static(range(5, -1, -1)):
-                big = t >= c(2.0 ** k)
-                p = p * ti.select(big, c(2.0 ** -(2 ** k)), c(1.0))
-                t = t - ti.select(big, c(2.0 ** k), c(0.0))
+            y = zc * c(1.0 / 2 ** EXP_SQUARINGS)
+            p = splat(taylor[EXP_DEGREE])
+            for k in ti.static(range(EXP_DEGREE - 1, -1, -1)):
+                p = p * y + c(taylor[k])
+            for _ in ti.static(range(EXP_SQUARINGS)):
+                p = p * p
             result = p
         else:
             for k in range(L):
@@ -237,7 +251,8 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                                 zc = ti.max(zc, c(CLAMP))
                             w = exp_clamped(zc)
                             wsum[t] += w
-                            ent[t] += w * zc
+                            if observe:  # loop-invariant: LLVM unswitches it
+                                ent[t] += w * zc
                             for a in ti.static(range(rv)):
                                 acc[t][a] += w * uj[a]
                 else:

@@ -93,8 +93,8 @@ class Simulation:
     positions); on a GPU the tiled pair pass carries all of it, skipping key tiles no row of
     a block sees.
     path: 'fused' (k whole steps per kernel launch: small n, CPU), 'tiled' (a launch per
-    kernel, parallel within a replica: large n, any arch) or 'auto' (fused up to
-    ``kernels_fused.FUSED_MAX_N`` tokens; see ``kernels_fused.choose_path``). Both match the
+    kernel, parallel within a replica: large n, any arch) or 'auto' (fused while the pair
+    work is small, measured; see ``kernels_fused.choose_path``). Both match the
     float64 reference to the dtype's tolerance; they need not agree bitwise.
     """
 
@@ -215,8 +215,8 @@ class Simulation:
         if plain_kernels:
             self.path = "plain"
         else:
-            self.path = kernels_fused.choose_path("tiled" if not self.plain else path, n, r, rv,
-                                                  self.arch, self.entropy_rate_enabled)
+            self.path = kernels_fused.choose_path("tiled" if not self.plain else path, n, H, r, rv,
+                                                  dtype, self.arch, self.entropy_rate_enabled)
         self._fused = kernels_fused.FusedSteps(self.rule, geometry, dtype, d, H, r, rv, integrator,
                                                R, n) if self.path == "fused" else None
         self._ops = _Operations(self)

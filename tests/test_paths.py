@@ -73,8 +73,45 @@ def test_auto_path_choice_and_errors():
     assert particles.Simulation(x, heads, path="tiled").path == "tiled"
     assert particles.Simulation(x, heads, rule="softmax", entropy_rate=True).path == "tiled"
     bigger = random_tokens(kernels_fused.FUSED_MAX_N + 1, 3)
-    assert particles.Simulation(bigger, heads).path == "tiled"
+    assert particles.Simulation(bigger, heads, dtype="float64").path == "tiled"
+    # float32: by the pair work n^2 H (r + rv + EXP_COST), either side of FUSED_MAX_WORK
+    assert particles.Simulation(bigger, heads).path == "fused"
+    assert kernels_fused.pair_work(1024, 1, 3, 3) <= kernels_fused.FUSED_MAX_WORK
+    assert kernels_fused.choose_path("auto", 1024, 1, 3, 3, "float32", "cpu", False) == "fused"
+    assert kernels_fused.pair_work(1024, 4, 16, 16) > kernels_fused.FUSED_MAX_WORK
+    assert kernels_fused.choose_path("auto", 1024, 4, 16, 16, "float32", "cpu", False) == "tiled"
     with pytest.raises(ValueError, match="path must be one of"):
         particles.Simulation(x, heads, path="fast")
     with pytest.raises(ValueError, match="entropy-rate"):
         particles.Simulation(x, heads, rule="softmax", entropy_rate=True, path="fused")
+
+
+def test_vector_exp_matches_numpy_over_the_clamped_range():
+    """The fused and wide passes' float32 exp (a polynomial of e^(z/32), squared five times)
+    against float64 np.exp on [CLAMP, 0]: absolute error (weights are <= 1) within 25 float32
+    ulps of 1 (the squarings double the rounding five times), relative error within 5e-6 where
+    the weight counts (z >= -10)."""
+    import taichi as ti
+    from particles import backend, kernels
+
+    backend.init("cpu")
+    L = 16
+    vec = ti.types.vector(L, ti.f32)
+    _, _, _, exp_clamped = kernels_fused.vector_helpers(ti.f32, L)
+
+    @ti.kernel
+    def apply(z: ti.types.ndarray(dtype=vec, ndim=1), out: ti.types.ndarray(dtype=vec, ndim=1)):
+        for i in range(z.shape[0]):
+            out[i] = exp_clamped(z[i])
+
+    z = np.concatenate([np.linspace(kernels_fused.CLAMP, 0.0, 4000), [0.0, -1e-7, -0.5, -29.99]])
+    z = np.resize(z.astype(np.float32), (-(-z.size // L) * L,))
+    zin, out = ti.ndarray(vec, shape=(z.size // L,)), ti.ndarray(vec, shape=(z.size // L,))
+    zin.from_numpy(z.reshape(-1, L))
+    with kernels._compile_options(scalarize=False):
+        apply(zin, out)
+    got = out.to_numpy().reshape(-1).astype(np.float64)
+    want = np.exp(z.astype(np.float64))
+    assert np.max(np.abs(got - want)) < 25 * 2.0 ** -23
+    heavy = z >= -10
+    assert np.max(np.abs(got[heavy] - want[heavy]) / want[heavy]) < 5e-6
