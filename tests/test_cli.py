@@ -60,6 +60,18 @@ def test_scenes_show_new(tmp_path):
     assert proc.returncode == 2 and "already exists" in proc.stderr
 
 
+def test_new_quotes_the_name_and_refuses_an_empty_one(tmp_path):
+    proc = particles_cli("new", 'odd "name"', cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    proc = particles_cli("show", 'odd "name".toml', cwd=tmp_path)   # the starter stays valid TOML
+    assert proc.returncode == 0, proc.stderr
+    assert 'name = "odd \\"name\\""' in proc.stdout
+    for bad in ("", ".toml", "..", "somewhere/"):
+        proc = particles_cli("new", bad, cwd=tmp_path)
+        assert proc.returncode == 2 and "is not a scene name" in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['odd "name".toml']
+
+
 def test_help_lists_commands():
     proc = particles_cli("--help")
     assert proc.returncode == 0

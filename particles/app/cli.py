@@ -139,13 +139,19 @@ def cmd_show(args) -> int:
 
 def cmd_new(args) -> int:
     from importlib.resources import files
+    import tomli_w
     name = args.name[:-5] if args.name.endswith(".toml") else args.name
+    stem = Path(name).name
+    if not stem or stem in (".", "..") or name.endswith(("/", "\\")) or "\\" in stem:
+        raise UserError(f"particles new: {args.name!r} is not a scene name; give a file name such as "
+                        "'my_scene' (it becomes my_scene.toml and the scene's name)")
     path = Path(name + ".toml")
     if path.exists() and not args.force:
         raise UserError(f"{str(path)!r} already exists; pass --force to overwrite it")
     template = files("scenes").joinpath("starter.toml").read_text()
     from particles.atomic import atomic_write_text
-    atomic_write_text(path, template.replace("name = \"starter\"", f"name = \"{Path(name).name}\""))
+    # tomli_w quotes and escapes the name, so any file name gives a valid scene
+    atomic_write_text(path, template.replace('name = "starter"', tomli_w.dumps({"name": stem}).strip()))
     print(f"wrote {path}: edit it, then `particles run {path}`")
     return 0
 
