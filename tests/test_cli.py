@@ -79,6 +79,15 @@ def test_help_lists_commands():
         assert command in proc.stdout
 
 
+def test_every_command_and_argument_says_what_it_does():
+    from particles.app.cli import build_parser
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
+    for name, sub in commands.items():
+        assert sub.description, f"particles {name} --help has no description"
+        for action in sub._actions:
+            assert action.help, f"particles {name}: argument {action.dest!r} has no help text"
+
+
 # A process that sees no GPU: CUDA disabled for Taichi and hidden, the Vulkan loader pointed
 # at a driver list that does not exist (so even Mesa's software device is gone).
 NO_GPU_ENV = {"TI_ENABLE_CUDA": "0", "CUDA_VISIBLE_DEVICES": "", "VK_ICD_FILENAMES": "/nonexistent/icd.json",
