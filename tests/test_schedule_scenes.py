@@ -136,3 +136,27 @@ def test_bundled_causal_scene_keeps_token_zero_fixed(tmp_path):
     x = np.asarray(traj.tokens)
     assert np.max(np.abs(x[:, 0] - x[0, 0])) < 1e-6     # token 0 (float32 run)
     assert np.median(np.linalg.norm(x[-1, 1:] - x[0, 1:], axis=1)) > 0.05
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(heads=[{"kind": "scalar", "alibi_slope": 1e39}]), "[heads] head 0: alibi_slope = 1e+39 is not finite in float32"),
+    (dict(heads=[{"kind": "scalar", "beta": 1e-50}]), "[heads] head 0: beta = 1e-50 is zero in float32"),
+    (dict(layers=[{"start": 0.2, "heads": {"kind": "scalar", "count": 2, "strength": 1e39}}]),
+     "[[layers]] #1 head 0: a matrix entry is not finite in float32"),
+    (dict(layers=[{"start": 0.2, "heads": [{"kind": "scalar", "alibi_slope": 1e39}, {"kind": "scalar"}]}]),
+     "[[layers]] #1 head 0: alibi_slope = 1e+39 is not finite in float32"),
+])
+def test_head_and_layer_values_must_stay_finite_in_the_dtype(changes, message):
+    scene = _scene(**changes)
+    with pytest.raises(ValueError) as err:
+        build_simulation(scene)
+    assert message in str(err.value)
+    build_simulation(scene.replace(dynamics={"dtype": "float64"}))   # float64 holds them
+
+
+def test_a_window_wider_than_any_sequence_is_no_limit():
+    seen = [build_simulation(_scene(dynamics={"dtype": "float64", **attention}))
+            for attention in ({"mask": "window", "window": 10**20}, {"mask": "window", "window": 11})]
+    for sim in seen:
+        sim.advance(5)
+    np.testing.assert_allclose(seen[0].tokens, seen[1].tokens, rtol=0, atol=1e-12)
