@@ -33,10 +33,11 @@ from particles.output import RunFileError, atomic_write_text, chunk_name, refuse
 from particles.simulation import BlowUpError
 
 from .build import build_simulation
-from .checkpoint import CheckpointWriter, read_checkpoint, scene_fingerprint, write_checkpoint
+from .checkpoint import CheckpointWriter, newest_step, read_checkpoint, scene_fingerprint, write_checkpoint
 from .interrupts import DeferredInterrupts
 from .progress import Progress
-from .run_dir import RunDirLock, claim_for_new_run, clear_run, describe_os_error, is_machine_fault, new_run_dir
+from .run_dir import (RunDirError, RunDirLock, claim_for_new_run, clear_run, describe_os_error,
+                      is_machine_fault, new_run_dir)
 from .run_writers import LogCsv, Trajectory, Video
 from .summary import Summary, energy_note
 
@@ -367,6 +368,12 @@ def resume_run(run_dir: str | Path, *, steps: int | None = None, render: bool = 
     def start(interrupts):
         scene = load_scene(run_dir / "scene.toml")
         if steps is not None:
+            done = newest_step(run_dir)
+            if done is not None and int(steps) < done:
+                # a shorter total would discard computed steps: refuse before touching a file
+                raise RunDirError(f"resume --steps {int(steps)}: {str(run_dir)!r} has already done "
+                                  f"{done} steps; --steps is the new total, give N >= {done} to "
+                                  "extend the run")
             scene = scene.replace(dynamics={"steps": int(steps)})
         runner = Runner(scene, run_dir, render=render, progress=progress,
                         checkpoint_every=checkpoint_every, echo=echo, resume=True,
