@@ -332,7 +332,7 @@ def main(argv=None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return 0
-        user_errors = _user_errors()
+        user_errors = _import_deferring_signals(args.command)
         return args.func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -357,6 +357,33 @@ def main(argv=None) -> int:
         print("internal error: this is a bug in particles; please report it with the traceback above",
               file=sys.stderr)
         return 1
+
+
+COMMAND_MODULES = {"run": "particles.app.run", "resume": "particles.app.run",
+                   "render": "particles.app.rerender", "sweep": "particles.app.sweep",
+                   "reproduce": "particles.app.reproduce"}
+
+
+def _import_deferring_signals(command: str):
+    """The user-error types and the command's module, imported with Ctrl-C and SIGTERM
+    recorded (syscalls restarted), then acted on. Raised inside these imports, the interrupt
+    crosses scipy's exec() (Python then ends by SIGINT, not 130) or Taichi's extension
+    start-up (ImportError 'initialization failed', a traceback)."""
+    import importlib
+    import signal
+    import threading
+    from particles.app.interrupts import SIGNALS, DeferredInterrupts
+    with DeferredInterrupts() as interrupts:
+        interrupts.arm()
+        if threading.current_thread() is threading.main_thread():   # (signals live there)
+            for sig in SIGNALS:
+                signal.siginterrupt(sig, False)
+        errors = _user_errors()
+        if command in COMMAND_MODULES:
+            importlib.import_module(COMMAND_MODULES[command])
+    if interrupts.requested():
+        raise KeyboardInterrupt
+    return errors
 
 
 def _is_user_value_error(err: Exception) -> bool:
