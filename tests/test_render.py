@@ -271,6 +271,16 @@ def test_plot_summary_and_quantity(tmp_path):
         plot_quantity(log, "nonsense", tmp_path / "x.png")
 
 
+def test_summary_subplot_of_nan_energies_keeps_the_time_axis_and_says_why():
+    from render.figures import _draw_group, new_figure
+    t = np.linspace(0.0, 16.0, 41)
+    cols = {"time": t, "energy": np.full_like(t, np.nan), "energy_h0": np.full_like(t, np.nan)}
+    ax = new_figure(4, 3).add_subplot()
+    _draw_group(ax, t, "energy", [(None, "energy"), (0, "energy_h0")], cols)
+    assert ax.get_xlim() == (0.0, 16.0)
+    assert any("no potential" in text.get_text() for text in ax.texts)
+
+
 def test_an_energy_panel_without_a_potential_says_why_it_is_empty(tmp_path):
     """Masked, biased and scheduled runs log NaN energies: the panel says so instead of
     standing empty with a 0..1 axis."""
