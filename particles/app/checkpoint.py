@@ -74,18 +74,6 @@ def _read(path: Path) -> tuple[np.ndarray, dict]:
     return tokens, state
 
 
-def newest_step(run_dir: Path) -> int | None:
-    """The step of the newest checkpoint that can be read, None when none can."""
-    for name in (CHECKPOINT, PREVIOUS_CHECKPOINT):
-        try:
-            step = _read(Path(run_dir) / name)[1].get("step")
-        except (RunFileError, OSError):
-            continue
-        if type(step) is int:
-            return step
-    return None
-
-
 def validate(tokens, state: dict, *, run_dir: Path, sim, steps_total: int, fingerprint: str,
              columns: list[str], trajectory: bool) -> None:
     """RunFileError naming the first thing in this checkpoint that does not fit the run."""
