@@ -56,7 +56,8 @@ class Attention:
     @property
     def band(self) -> tuple[int, int]:
         """(below, above): row i sees keys i - below .. i + above."""
-        below = self.window if self.mask in ("window", "causal_window") else UNBOUNDED
+        # a window wider than any sequence is no limit (and must stay an int32 in the kernels)
+        below = min(self.window, UNBOUNDED) if self.mask in ("window", "causal_window") else UNBOUNDED
         above = 0 if self.mask in ("causal", "causal_window") else below
         return below, above
 

@@ -99,6 +99,13 @@ def _draw_group(ax, t, base: str, members, cols, legend_ok: bool = True) -> None
     fin = allv[np.isfinite(allv)]
     if fin.size and fin.min() > 0 and fin.max() / fin.min() > 1e3:
         ax.set_yscale("log")
+    if not fin.size:   # nothing drawn: keep the run's time axis and say why it is empty
+        if np.isfinite(t).any():
+            lo, hi = float(np.nanmin(t)), float(np.nanmax(t))
+            ax.set_xlim(lo, hi if hi > lo else lo + 1.0)
+        why = ("these heads have no potential\n(masked, biased or scheduled; docs/LOG.md)"
+               if base.startswith("energy") else "no finite values logged")
+        ax.text(0.5, 0.5, why, transform=ax.transAxes, ha="center", va="center", fontsize=8, color="0.35")
     if base == "radial_dominance":
         ax.axhline(1.0, color="0.3", ls="--", lw=1.0)
     heads = [h for h, _ in members if h is not None]

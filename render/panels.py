@@ -75,6 +75,7 @@ class Panel:
         else:
             ax.tick_params(labelbottom=True)
         self.refs = []
+        self.note = None   # says why a panel stays empty (an energy that is NaN throughout)
         if name == "radial_dominance":
             self.refs.append(1.0)
             ax.axhline(1.0, color="0.3", ls="--", lw=1.0, zorder=1)
@@ -168,6 +169,12 @@ class Panel:
             dirty |= self._update_ylim(lo, hi)
         elif self.ylim is None:
             dirty |= self._update_ylim(*(min(self.refs), max(self.refs)) if self.refs else (0.0, 1.0))
+        if self.name == "energy" and not math.isfinite(lo) and t.size and self.note is None:
+            self.note = self.ax.text(0.5, 0.5, "no energy: these heads have no potential\n"
+                                     "(masked, biased or scheduled; docs/LOG.md)",
+                                     transform=self.ax.transAxes, ha="center", va="center",
+                                     fontsize=8, color="0.35")
+            dirty = True
         if t.size:
             t0, t1 = float(t[0]), float(t[-1])
             if self.xlim is None:

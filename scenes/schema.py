@@ -551,13 +551,20 @@ def _head_entry(problems, raw, label: str, form: str, d, base_dir: Path) -> dict
 
 def _mask_keys(sec: _Section, mask_default) -> None:
     """mask and its window: the window is required by the windowed masks, refused elsewhere."""
+    given = sec.has("mask")
     mask = sec.take("mask", choice(*MASKS), mask_default)
     if mask in ("window", "causal_window"):
         sec.take("window", integer(0), required=True)
+    elif sec.has("window") and given and mask is MISSING:
+        pass   # the mask itself is wrong (reported): the window cannot be judged
+    elif sec.has("window") and mask is MISSING:
+        # a head's or layer's window goes with its own mask; it is never applied on its own
+        sec.problem("window", "applies with this table's own mask = 'window' or 'causal_window' "
+                              "(a window is not combined with an inherited mask); add the mask "
+                              "here or remove the window")
     elif sec.has("window"):
         sec.problem("window", f"applies to mask = 'window' or 'causal_window' only (mask is "
-                              f"{show(mask if mask is not MISSING else mask_default)}); remove it "
-                              "or set the mask")
+                              f"{show(mask)}); remove it or set the mask")
 
 
 def _head_attention(sec: _Section) -> None:
@@ -597,6 +604,8 @@ def _heads(problems, raw, d, base_dir: Path, where: str = ""):
 def steps_from_t_end(t_end: float, dt: float) -> int:
     """ceil(t_end / dt), tolerant of rounding (1.1 / 0.1 gives 11, not 12)."""
     r = t_end / dt
+    if not math.isfinite(r):   # t_end / dt beyond float range: more steps than any run takes
+        return MAX_STEPS + 1
     k = round(r)
     return max(1, int(k) if abs(r - k) <= 1e-9 * max(1.0, r) else math.ceil(r))
 
@@ -653,6 +662,8 @@ def _dynamics(problems, raw, base_dir: Path, replicas) -> dict:
 def steps_from_time(t: float, dt: float):
     """t / dt as a whole number of steps, or None when t is not a multiple of dt."""
     r = t / dt
+    if not math.isfinite(r):
+        return None
     k = round(r)
     return int(k) if abs(r - k) <= 1e-9 * max(1.0, r) else None
 

@@ -60,11 +60,32 @@ def test_scenes_show_new(tmp_path):
     assert proc.returncode == 2 and "already exists" in proc.stderr
 
 
+def test_new_quotes_the_name_and_refuses_an_empty_one(tmp_path):
+    proc = particles_cli("new", 'odd "name"', cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    proc = particles_cli("show", 'odd "name".toml', cwd=tmp_path)   # the starter stays valid TOML
+    assert proc.returncode == 0, proc.stderr
+    assert 'name = "odd \\"name\\""' in proc.stdout
+    for bad in ("", ".toml", "..", "somewhere/"):
+        proc = particles_cli("new", bad, cwd=tmp_path)
+        assert proc.returncode == 2 and "is not a scene name" in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['odd "name".toml']
+
+
 def test_help_lists_commands():
     proc = particles_cli("--help")
     assert proc.returncode == 0
     for command in ("run", "resume", "scenes", "show", "new", "render", "plot"):
         assert command in proc.stdout
+
+
+def test_every_command_and_argument_says_what_it_does():
+    from particles.app.cli import build_parser
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
+    for name, sub in commands.items():
+        assert sub.description, f"particles {name} --help has no description"
+        for action in sub._actions:
+            assert action.help, f"particles {name}: argument {action.dest!r} has no help text"
 
 
 # A process that sees no GPU: CUDA disabled for Taichi and hidden, the Vulkan loader pointed

@@ -161,6 +161,16 @@ def test_resume_extends_a_finished_run_bitwise(tmp_path_factory):
     assert_same_run(out, want_dir)
 
 
+def test_resume_with_fewer_steps_than_done_is_refused_and_changes_nothing(tmp_path):
+    from particles.app.run_dir import RunDirError
+    out = tmp_path / "run"
+    assert run_scene(busy_scene(steps=12), out, checkpoint_every=6, **QUIET).status == "completed"
+    before = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    with pytest.raises(RunDirError, match="has already done 12 steps; --steps is the new total"):
+        resume_run(out, steps=6, **QUIET)
+    assert {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
+
+
 def test_no_cluster_count_is_lost_to_a_video_frame_or_a_timed_flush(tmp_path):
     """Row s used to reach the log before the log had counted the clusters of state s when a
     frame (a writer wanting current rows) fell on s, or the wall-clock flush came during the

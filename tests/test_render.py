@@ -271,6 +271,36 @@ def test_plot_summary_and_quantity(tmp_path):
         plot_quantity(log, "nonsense", tmp_path / "x.png")
 
 
+def test_summary_subplot_of_nan_energies_keeps_the_time_axis_and_says_why():
+    from render.figures import _draw_group, new_figure
+    t = np.linspace(0.0, 16.0, 41)
+    cols = {"time": t, "energy": np.full_like(t, np.nan), "energy_h0": np.full_like(t, np.nan)}
+    ax = new_figure(4, 3).add_subplot()
+    _draw_group(ax, t, "energy", [(None, "energy"), (0, "energy_h0")], cols)
+    assert ax.get_xlim() == (0.0, 16.0)
+    assert any("no potential" in text.get_text() for text in ax.texts)
+
+
+def test_an_energy_panel_without_a_potential_says_why_it_is_empty(tmp_path):
+    """Masked, biased and scheduled runs log NaN energies: the panel says so instead of
+    standing empty with a 0..1 axis."""
+    info = info_for(3)
+    xs = collapsing_tokens(info.n, 3, 2)
+    notes = {}
+    for case, nan in (("masked", True), ("plain", False)):
+        log = fake_log([0.0, 1.0], info.n_heads, info.n)
+        if nan:
+            for key in [k for k in log if k == "energy" or k.startswith("energy_h")]:
+                log[key] = np.full_like(log[key], np.nan, dtype=float)
+        with Animation(tmp_path / f"{case}.gif", RenderConfig(**SMALL), info, t_end=1.0) as anim:
+            for i, x in enumerate(xs):
+                anim.add_frame(x, float(i), {k: v[: i + 1] for k, v in log.items()})
+            energy = next(p for p in anim._panels.panels if p.name == "energy")
+            notes[case] = [t.get_text() for t in energy.ax.texts]
+    assert any("no potential" in text for text in notes["masked"])
+    assert not any("no potential" in text for text in notes["plain"])
+
+
 def test_scheduled_run_frames_name_the_layer(tmp_path):
     """A log with a `layer` column (a layer schedule): the title shows the layer of the frame."""
     info = info_for(3)

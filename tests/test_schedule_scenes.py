@@ -62,11 +62,29 @@ def test_layers_build_a_schedule_with_shared_and_own_heads():
     (dict(layers=[{"start": 0.2, "strength": 2}]), "unknown key 'strength' in [[layers]] #1"),
     (dict(dynamics={"layer_every": 0.2}), "layer_every: applies to a scene with [[layers]]"),
     (dict(layers="causal"), "layers: expected an array of tables"),
+    (dict(heads={"kind": "scalar", "window": 2}, dynamics={"mask": "window", "window": 1}),
+     "[heads] window: applies with this table's own mask"),
+    (dict(layers=[{"start": 0.2, "window": 2}]), "[[layers]] #1 window: applies with this table's own mask"),
+    (dict(dynamics={"dtype": "float64", "dt": 1e-300}, layers=[{"start": 1e300}]),
+     "[[layers]] #1 start: a layer switches between steps"),
 ])
 def test_bad_position_and_layer_keys_name_the_key(changes, message):
     with pytest.raises(SceneError) as err:
         _scene(**changes)
     assert message in str(err.value)
+    assert "<object" not in str(err.value)   # never an internal placeholder in a message
+
+
+def test_t_end_over_dt_beyond_float_range_is_a_scene_error():
+    with pytest.raises(SceneError) as err:
+        Scene.from_dict({"tokens": {"n": 4, "d": 3}, "dynamics": {"t_end": 1e300, "dt": 1e-300}})
+    assert "[dynamics] t_end: t_end / dt = " in str(err.value)
+
+
+def test_window_with_a_misspelt_mask_reports_only_the_mask():
+    with pytest.raises(SceneError) as err:
+        _scene(heads={"kind": "scalar", "mask": "windw", "window": 2})
+    assert err.value.problems == [p for p in err.value.problems if "mask" in p] and len(err.value.problems) == 1
 
 
 def test_scheduled_run_logs_layers_nan_energy_and_a_note(tmp_path):
@@ -118,3 +136,27 @@ def test_bundled_causal_scene_keeps_token_zero_fixed(tmp_path):
     x = np.asarray(traj.tokens)
     assert np.max(np.abs(x[:, 0] - x[0, 0])) < 1e-6     # token 0 (float32 run)
     assert np.median(np.linalg.norm(x[-1, 1:] - x[0, 1:], axis=1)) > 0.05
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(heads=[{"kind": "scalar", "alibi_slope": 1e39}]), "[heads] head 0: alibi_slope = 1e+39 is not finite in float32"),
+    (dict(heads=[{"kind": "scalar", "beta": 1e-50}]), "[heads] head 0: beta = 1e-50 is zero in float32"),
+    (dict(layers=[{"start": 0.2, "heads": {"kind": "scalar", "count": 2, "strength": 1e39}}]),
+     "[[layers]] #1 head 0: a matrix entry is not finite in float32"),
+    (dict(layers=[{"start": 0.2, "heads": [{"kind": "scalar", "alibi_slope": 1e39}, {"kind": "scalar"}]}]),
+     "[[layers]] #1 head 0: alibi_slope = 1e+39 is not finite in float32"),
+])
+def test_head_and_layer_values_must_stay_finite_in_the_dtype(changes, message):
+    scene = _scene(**changes)
+    with pytest.raises(ValueError) as err:
+        build_simulation(scene)
+    assert message in str(err.value)
+    build_simulation(scene.replace(dynamics={"dtype": "float64"}))   # float64 holds them
+
+
+def test_a_window_wider_than_any_sequence_is_no_limit():
+    seen = [build_simulation(_scene(dynamics={"dtype": "float64", **attention}))
+            for attention in ({"mask": "window", "window": 10**20}, {"mask": "window", "window": 11})]
+    for sim in seen:
+        sim.advance(5)
+    np.testing.assert_allclose(seen[0].tokens, seen[1].tokens, rtol=0, atol=1e-12)

@@ -108,14 +108,28 @@ def _check_finite_in_dtype(data: dict, heads, beta) -> None:
             raise bad(key, value, "not finite")
         if np.any(cast == 0):
             raise bad(key, value, "zero")
+    _check_heads_in_dtype(real, "[heads]", heads, [])
+
+
+def _check_heads_in_dtype(real, where: str, heads, attention) -> None:
+    """Every head's matrices and its own beta and ALiBi slope stay finite in the run's dtype."""
+    limit = f"the largest {real.name} is {np.finfo(real).max:.3g}"
     for i, head in enumerate(heads):
         parts = ((head.query, head.key, head.value_in, head.value_out) if hasattr(head, "query")
                  else head if isinstance(head, tuple) else (head,))
         for part in parts:
             with np.errstate(over="ignore"):
                 if not np.all(np.isfinite(np.asarray(part, dtype=np.float64).astype(real))):
-                    raise ValueError(f"[heads] head {i}: a matrix entry is not finite in {real.name} "
+                    raise ValueError(f"{where} head {i}: a matrix entry is not finite in {real.name} "
                                      f"({limit}); use dtype = 'float64' or smaller strengths")
+    for i, att in enumerate(attention):
+        for key, value in (("beta", att.beta), ("alibi_slope", att.alibi)):
+            with np.errstate(over="ignore", under="ignore"):
+                cast = real.type(value or 0.0)
+            if not np.isfinite(cast) or (value and cast == 0):
+                raise ValueError(f"{where} head {i}: {key} = {value!r} is {'zero' if np.isfinite(cast) else 'not finite'} "
+                                 f"in {real.name} ({limit}, the smallest positive "
+                                 f"{np.finfo(real).tiny:.3g}); use dtype = 'float64' or a value in range")
 
 
 def build_simulation(scene, *, tokens=None, heads=None, beta=None, entropy_rate=None,
@@ -140,9 +154,13 @@ def build_simulation(scene, *, tokens=None, heads=None, beta=None, entropy_rate=
     if entropy_rate is None:
         entropy_rate = data.get("log", {}).get("entropy_rate", False)
     attention = head_attention(data["heads"], {}, dyn, len(heads))
+    real = np.dtype(dyn["dtype"])
+    _check_heads_in_dtype(real, "[heads]", [], attention)
     layers = data.get("layers")
     if layers:
         heads = _schedule(data, heads, attention)
+        for index, layer in enumerate(heads.layers[1:], start=1):
+            _check_heads_in_dtype(real, f"[[layers]] #{index}", layer.heads, layer.attention)
         attention = None
     return Simulation(tokens, heads, beta=beta, rule=rule, geometry=dyn["geometry"], dt=dyn["dt"],
                       integrator=dyn["integrator"], dtype=dyn["dtype"], arch=dyn["arch"],

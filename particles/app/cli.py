@@ -139,13 +139,19 @@ def cmd_show(args) -> int:
 
 def cmd_new(args) -> int:
     from importlib.resources import files
+    import tomli_w
     name = args.name[:-5] if args.name.endswith(".toml") else args.name
+    stem = Path(name).name
+    if not stem or stem in (".", "..") or name.endswith(("/", "\\")) or "\\" in stem:
+        raise UserError(f"particles new: {args.name!r} is not a scene name; give a file name such as "
+                        "'my_scene' (it becomes my_scene.toml and the scene's name)")
     path = Path(name + ".toml")
     if path.exists() and not args.force:
         raise UserError(f"{str(path)!r} already exists; pass --force to overwrite it")
     template = files("scenes").joinpath("starter.toml").read_text()
     from particles.atomic import atomic_write_text
-    atomic_write_text(path, template.replace("name = \"starter\"", f"name = \"{Path(name).name}\""))
+    # tomli_w quotes and escapes the name, so any file name gives a valid scene
+    atomic_write_text(path, template.replace('name = "starter"', tomli_w.dumps({"name": stem}).strip()))
     print(f"wrote {path}: edit it, then `particles run {path}`")
     return 0
 
@@ -243,35 +249,48 @@ def build_parser() -> argparse.ArgumentParser:
     scene_options(p)
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("resume", help="continue a run from its last checkpoint")
-    p.add_argument("run_dir")
+    p = sub.add_parser("resume", help="continue a run from its last checkpoint",
+                       description="Continue a run from its checkpoint.npz (written by --checkpoint-every "
+                                   "N or by Ctrl-C): the log, trajectory and summary come out as the "
+                                   "uninterrupted run's; the continuation's video is a *.partN.mp4.")
+    p.add_argument("run_dir", help="the run directory (holding scene.toml and checkpoint.npz)")
     p.add_argument("--steps", type=_positive_int, metavar="N",
                    help="new total number of steps (extends a finished run)")
     p.add_argument("--no-render", action="store_true", help="skip the video of the continuation")
-    p.add_argument("--checkpoint-every", type=_positive_int, metavar="N")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
+                   help="write a checkpoint every N steps (default: none; Ctrl-C still writes one)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=cmd_resume)
 
-    p = sub.add_parser("scenes", help="list the bundled scenes")
+    p = sub.add_parser("scenes", help="list the bundled scenes",
+                       description="List the bundled scenes, one line each; run one by name.")
     p.set_defaults(func=cmd_scenes)
 
-    p = sub.add_parser("show", help="print a scene resolved, with every default filled in")
-    p.add_argument("scene")
+    p = sub.add_parser("show", help="print a scene resolved, with every default filled in",
+                       description="Print a scene as TOML with every default filled in and paths made "
+                                   "absolute: what `particles run` would run (keys: scenes/README.md).")
+    p.add_argument("scene", help="path to a .toml scene file, or a bundled scene name")
     scene_options(p)
     p.set_defaults(func=cmd_show)
 
-    p = sub.add_parser("new", help="write a commented starter scene file NAME.toml")
-    p.add_argument("name")
+    p = sub.add_parser("new", help="write a commented starter scene file NAME.toml",
+                       description="Write NAME.toml, a commented starter scene, in the current folder "
+                                   "(or at the path NAME); its name key is NAME's file name.")
+    p.add_argument("name", help="the scene's name, e.g. my_scene (writes my_scene.toml)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.set_defaults(func=cmd_new)
 
-    p = sub.add_parser("render", help="re-render the video of a finished run from its trajectory")
-    p.add_argument("run_dir")
+    p = sub.add_parser("render", help="re-render the video of a finished run from its trajectory",
+                       description="Re-render a run's video from its trajectory/ and log.csv; options "
+                                   "not given keep the run's [render] settings.")
+    p.add_argument("run_dir", help="the run directory (holding scene.toml and trajectory/)")
     p.add_argument("--out", metavar="FILE", help="output file (.mp4 or .gif; default: rerender.mp4 in the run)")
-    p.add_argument("--view", choices=("auto", "circle", "sphere", "pca", "heads"))
-    p.add_argument("--color-by", choices=("index", "cluster", "radial", "entropy"))
-    p.add_argument("--fps", type=_positive_int)
-    p.add_argument("--trails", type=int)
+    p.add_argument("--view", choices=("auto", "circle", "sphere", "pca", "heads"),
+                   help="projection of the tokens (auto: circle for d = 2, sphere for d = 3, else pca)")
+    p.add_argument("--color-by", choices=("index", "cluster", "radial", "entropy"),
+                   help="what a token's colour shows")
+    p.add_argument("--fps", type=_positive_int, metavar="N", help="frames per second")
+    p.add_argument("--trails", type=int, metavar="N", help="length of each token's trail, in frames (>= 0)")
     p.add_argument("--trust-rule-file", action="store_true",
                    help="allow executing the run's rule_file (needed by --color-by radial/entropy "
                         "for a user rule); a run directory from elsewhere can carry any code")
@@ -296,8 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="another run's report.json (e.g. the other mode): list every verdict that differs")
     p.set_defaults(func=cmd_reproduce)
 
-    p = sub.add_parser("plot", help="summary figure of a run's log, or a sweep's phase diagram")
-    p.add_argument("run_dir")
+    p = sub.add_parser("plot", help="summary figure of a run's log, or a sweep's phase diagram",
+                       description="Draw a run's log.csv as summary.png and summary.svg, or a sweep "
+                                   "directory's results.csv as phase_diagram.png and .svg.")
+    p.add_argument("run_dir", help="a run directory (log.csv) or a sweep directory (results.csv)")
     p.add_argument("--out", metavar="STEM", help="output path without extension (default: RUN_DIR/summary)")
     p.set_defaults(func=cmd_plot)
     return parser
@@ -311,7 +332,7 @@ def main(argv=None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return 0
-        user_errors = _user_errors()
+        user_errors = _import_deferring_signals(args.command)
         return args.func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -336,6 +357,33 @@ def main(argv=None) -> int:
         print("internal error: this is a bug in particles; please report it with the traceback above",
               file=sys.stderr)
         return 1
+
+
+COMMAND_MODULES = {"run": "particles.app.run", "resume": "particles.app.run",
+                   "render": "particles.app.rerender", "sweep": "particles.app.sweep",
+                   "reproduce": "particles.app.reproduce"}
+
+
+def _import_deferring_signals(command: str):
+    """The user-error types and the command's module, imported with Ctrl-C and SIGTERM
+    recorded (syscalls restarted), then acted on. Raised inside these imports, the interrupt
+    crosses scipy's exec() (Python then ends by SIGINT, not 130) or Taichi's extension
+    start-up (ImportError 'initialization failed', a traceback)."""
+    import importlib
+    import signal
+    import threading
+    from particles.app.interrupts import SIGNALS, DeferredInterrupts
+    with DeferredInterrupts() as interrupts:
+        interrupts.arm()
+        if threading.current_thread() is threading.main_thread():   # (signals live there)
+            for sig in SIGNALS:
+                signal.siginterrupt(sig, False)
+        errors = _user_errors()
+        if command in COMMAND_MODULES:
+            importlib.import_module(COMMAND_MODULES[command])
+    if interrupts.requested():
+        raise KeyboardInterrupt
+    return errors
 
 
 def _is_user_value_error(err: Exception) -> bool:

@@ -36,7 +36,8 @@ from .build import build_simulation
 from .checkpoint import CheckpointWriter, read_checkpoint, scene_fingerprint, write_checkpoint
 from .interrupts import DeferredInterrupts
 from .progress import Progress
-from .run_dir import RunDirLock, claim_for_new_run, clear_run, describe_os_error, is_machine_fault, new_run_dir
+from .run_dir import (RunDirError, RunDirLock, claim_for_new_run, clear_run, describe_os_error,
+                      is_machine_fault, new_run_dir)
 from .run_writers import LogCsv, Trajectory, Video
 from .summary import Summary, energy_note
 
@@ -355,6 +356,17 @@ def run_scene(scene, out: str | Path | None = None, *, render: bool = True, prog
     return _guarded(run_dir, start, echo)
 
 
+def _steps_done(run_dir: Path) -> int | None:
+    """The steps run.json records as done (None when it cannot say: a damaged run.json is
+    left to the checkpoint checks). A checkpoint's own step is no guide: a damaged one may
+    claim any step, and resume falls back from it."""
+    try:
+        done = json.loads((run_dir / "run.json").read_text()).get("steps_done")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return done if type(done) is int else None
+
+
 def resume_run(run_dir: str | Path, *, steps: int | None = None, render: bool = True,
                progress: bool = True, checkpoint_every: int = 0, echo=print) -> RunResult:
     """Continue a run from its last checkpoint, appending to its log and trajectory.
@@ -367,6 +379,12 @@ def resume_run(run_dir: str | Path, *, steps: int | None = None, render: bool = 
     def start(interrupts):
         scene = load_scene(run_dir / "scene.toml")
         if steps is not None:
+            done = _steps_done(run_dir)
+            if done is not None and int(steps) < done:
+                # a shorter total would discard computed steps: refuse before touching a file
+                raise RunDirError(f"resume --steps {int(steps)}: {str(run_dir)!r} has already done "
+                                  f"{done} steps; --steps is the new total, give N >= {done} to "
+                                  "extend the run")
             scene = scene.replace(dynamics={"steps": int(steps)})
         runner = Runner(scene, run_dir, render=render, progress=progress,
                         checkpoint_every=checkpoint_every, echo=echo, resume=True,
