@@ -164,10 +164,9 @@ def cmd_sweep(args) -> int:
 def cmd_reproduce(args) -> int:
     from particles.app.reproduce import main as reproduce
     try:
-        report = reproduce(quick=args.quick, out_dir=Path(args.out), compare=args.compare)
+        reproduce(quick=args.quick, out_dir=Path(args.out), compare=args.compare)   # prints the path
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    print(f"report: {report}")
     return 0
 
 
