@@ -376,9 +376,15 @@ class Simulation:
             return
         b, i = bad
         values = self._x.to_numpy()[b, i]
-        cause = (f"the step dt = {self.dt} is likely too large for beta = {self.betas[b]:g}; "
+        # a head's own beta replaces the run's: name the largest one in force
+        own = [(a.beta, h) for h, a in enumerate(self.attention) if a.beta is not None]
+        beta, head = max(own + ([(float(self.betas[b]), None)] if len(own) < len(self.attention) else []),
+                         key=lambda pair: pair[0])
+        which = f" (head {head}'s own)" if head is not None else ""
+        cause = (f"the step dt = {self.dt} is likely too large for beta = {beta:g}{which}; "
                  "reduce dt (or beta)")
-        if self.rule.name == "exp" and self.dtype == "float32":
+        rules = {self.rule.name} | {a.rule.name for a in self.attention if a.rule is not None}
+        if "exp" in rules and self.dtype == "float32":
             cause += ("; with rule 'exp' in float32, e^(beta s) overflows near beta*s = 88: "
                       "use dtype float64 or rule 'softmax'")
         where = f"replica {b}, " if self.ensemble else ""

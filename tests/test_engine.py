@@ -199,6 +199,20 @@ def test_blow_up_is_reported_with_step_and_token():
     assert info.value.step == sim.step_count
 
 
+def test_blow_up_names_a_heads_own_beta():
+    x = random_tokens(6, 3, 1)
+    own = particles.Attention(beta=1e30)
+    sim = particles.Simulation(x, [(np.eye(3), np.eye(3)), (np.eye(3), np.eye(3))], beta=1.0, rule="exp",
+                               geometry="flat", dt=0.01, integrator="euler", dtype="float32",
+                               attention=[particles.Attention(), own])
+    with pytest.raises(particles.BlowUpError) as info:
+        for _ in range(5):
+            sim.advance(1)
+            sim.check_finite()
+    msg = str(info.value)
+    assert "beta = 1e+30 (head 1's own)" in msg and "float64" in msg, msg
+
+
 @pytest.mark.parametrize("rule", ["softmax", "exp"])
 def test_large_tile_path_at_n_above_256_matches_reference(rule):
     """n >= 256 takes the engine's large register tiles; hold them against the reference too."""
