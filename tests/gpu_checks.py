@@ -6,7 +6,6 @@ process, so a GPU check cannot share the CPU process of the main suite.
 Every check holds the engine on the GPU to tests/reference.py (float64 NumPy) at float32
 tolerance, and exits non-zero with the failed assertion otherwise.
 """
-import math
 import os
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import reference as ref  # noqa: E402
 from conftest import RTOL, general_heads, random_tokens, rel_err  # noqa: E402
 
 import particles  # noqa: E402
+from row_checks import assert_row_matches  # noqa: E402
 
 ARCH = os.environ.get("PARTICLES_TEST_ARCH", "gpu")
 TOL = RTOL["float32"]
@@ -49,24 +49,7 @@ def _rule_and_reference(rule: str):
 
 def _check_row(row, want, H, entropy_rate):
     """An observed row against the reference (the tolerances of test_observables, float32)."""
-    rtol = 2e-5
-    for h in range(H):
-        scale = max(abs(want[f"tangent_power_h{h}"]), abs(want[f"cross_coupling_h{h}"]), 1e-30)
-        for q in ("tangent_power", "cross_coupling", "radial_shadow", "energy_rate"):
-            key = f"{q}_h{h}"
-            assert abs(row[key] - want[key]) <= rtol * 10 * scale, (key, row[key], want[key])
-        if entropy_rate:
-            key = f"entropy_rate_h{h}"
-            assert abs(row[key] - want[key]) <= rtol * 100 * max(abs(want[key]), 1e-3), (key, row[key], want[key])
-    for key, value in want.items():
-        if key.startswith(("tangent_power", "cross_coupling", "radial_shadow", "energy_rate", "entropy_rate")):
-            continue
-        got = row[key]
-        if math.isinf(value):
-            assert math.isinf(got), key
-        else:
-            floor = 1.0 if key in ("gamma_bar", "eps") else 1e-30
-            assert abs(got - value) <= rtol * 10 * max(abs(value), floor), (key, got, value)
+    assert_row_matches(row, want, H, 2e-5, entropy_rate)
 
 
 def engine(rule: str, n: str = str(N), d: str = str(D)) -> None:

@@ -8,6 +8,7 @@ import particles
 import reference as ref
 from conftest import general_heads, random_tokens, symmetric_heads
 from particles.observables import columns, pairwise_extremes
+from row_checks import assert_row_matches
 
 RULES = ("exp", "softmax", "relu")
 
@@ -40,22 +41,7 @@ def test_every_quantity_matches_reference(rule, H, geometry, dtype, path):
         want.update({k: ref.observables(unit, heads, beta, rule, geometry)[k] for k in ("gamma_bar", "eps")})
     assert set(columns(H, entropy_rate=er)) - {"step", "time"} == set(want)
     rtol = 1e-9 if dtype == "float64" else 2e-5
-    for h in range(H):  # scale for quantities that may cancel to ~0
-        scale = max(abs(want[f"tangent_power_h{h}"]), abs(want[f"cross_coupling_h{h}"]), 1e-30)
-        for q in ("tangent_power", "cross_coupling", "radial_shadow", "energy_rate"):
-            key = f"{q}_h{h}"
-            assert abs(row[key] - want[key]) <= rtol * 10 * scale, key
-        if er:
-            key = f"entropy_rate_h{h}"
-            assert abs(row[key] - want[key]) <= rtol * 100 * max(abs(want[key]), 1e-3), key
-    for key, value in want.items():
-        if key.startswith(("tangent_power", "cross_coupling", "radial_shadow", "energy_rate", "entropy_rate")):
-            continue
-        got = row[key]
-        if math.isinf(value):
-            assert math.isinf(got), key
-        else:
-            assert abs(got - value) <= rtol * 10 * max(abs(value), 1.0 if key in ("gamma_bar", "eps") else 1e-30), key
+    assert_row_matches(row, want, H, rtol, er)
     per = sim.per_token()
     per_want = ref.per_token(x, heads, beta, rule, geometry)
     for key in per_want:
