@@ -46,15 +46,74 @@ FUSED_MAX_WORK = 150e6
 EXP_COST = 24  # the float32 exp and the weight bookkeeping, in multiply-adds per pair
 FUSED_MAX_RANK = 32
 PATHS = ("auto", "fused", "tiled")
-TRF = 2        # row vectors per register tile of the pair pass (measured: 4 at r = 3, 1 at r = 16 no faster)
+JB = 6         # columns per score tile of the pair pass (with TR = 3: 18 accumulators, as kernels_wide)
+CLAIM, DONE, ADDRESS, SPIN = 0, 8, 16, 24  # sync: counters, sched_yield, spin slots (own lines)
+PARALLEL_MIN_WORK = 1.5e6  # the replicas' pair work per evaluation from which threads share it
+SPINS_BEFORE_YIELD = 2000  # ~10 us of spinning at a barrier; then each spin yields (cpu_yield)
 CLAMP = -30.0  # float32 weights below e^-30 relative to the row maximum are rounded up to it
 EXP_SQUARINGS = 5  # the float32 exp squares e^(z / 32): |z / 32| <= 0.94 for z >= CLAMP
 EXP_DEGREE = 7     # Taylor degree of e^y there: truncation below the squarings' rounding for z >= -10
 
 
+def _find_sched_yield():
+    """The address of libc's sched_yield, or None where there is none (not Linux)."""
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        return ctypes.cast(libc.sched_yield, ctypes.c_void_p).value
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
+SCHED_YIELD = _find_sched_yield()
+YIELD_LOW, YIELD_HIGH = ((SCHED_YIELD or 0) & 0x7FFFFFFF), ((SCHED_YIELD or 0) >> 31)
+
+
+def cpu_yield():
+    """In a Taichi CPU kernel: a call to sched_yield(). Taichi's pool threads sleep between
+    launches, and the OS sometimes wakes two of them on one core; a worker spinning at a
+    barrier there would hold the core for a whole time slice (~3 ms) while the thread it
+    waits for cannot run. Taichi 1.7 calls a shared library's function by address (its
+    SourceBuilder mechanism); this inserts that call at compile time."""
+    from taichi._lib import core as ti_core
+    from taichi.lang import impl
+    from taichi.lang.expr import make_expr_group
+    impl.get_runtime().compiling_callable.ast_builder().insert_external_func_call(
+        SCHED_YIELD, "", "", "", make_expr_group([]), make_expr_group([]),
+        ti_core.DebugInfo(impl.get_runtime().get_current_src_info()))
+
+
+def available_threads() -> int:
+    """CPUs this process may run on (Taichi's pool has one thread per CPU of the machine)."""
+    import os
+    try:
+        return max(1, min(len(os.sched_getaffinity(0)), os.cpu_count() or 1))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def fused_workers(n: int, H: int, r: int, rv: int, R: int) -> int:
+    """Threads sharing a fused launch: one below PARALLEL_MIN_WORK of pair work per evaluation
+    (measured on 2 cores: at (64, 3, 2) and (128, 3, 2) two threads were slower, their barriers
+    and the lines crossing cores costing more than the halved arithmetic; from (256, 3, 1) up
+    1.6-1.8x faster), and where sched_yield cannot be called."""
+    if SCHED_YIELD is None or R * pair_work(n, H, r, rv) < PARALLEL_MIN_WORK:
+        return 1
+    return available_threads()
+
+
 def pair_work(n: int, H: int, r: int, rv: int) -> float:
     """Multiply-add equivalents of one evaluation's pair pass (the auto path choice)."""
     return float(n) * n * H * (r + rv + EXP_COST)
+
+
+def tile_shape(nbl: int, rv: int) -> tuple:
+    """(TR, AC): row vectors per register tile, 4, 3 or 2, whichever pads the nbl row vectors
+    least (the larger on a tie; 1 for a single vector), and value components per accumulator
+    tile (8, or rv when smaller). Measured at n = 64 to 256: TR = 4 beats 3 by 5-10%."""
+    tr = 1 if nbl == 1 else min((4, 3, 2), key=lambda t: (-(-nbl // t) * t, -t))
+    return tr, min(8, rv)
 
 
 def choose_path(path: str, n: int, H: int, r: int, rv: int, dtype: str, arch: str,
@@ -86,22 +145,32 @@ class FusedSteps:
         L = 16 if dtype == "float32" else 8
         self.L, self.n = L, n
         nbl = -(-n // L)
-        nblp = -(-nbl // TRF) * TRF  # row groups padded to whole register tiles (zero rows)
+        TR, AC = tile_shape(nbl, rv)
+        nblp = -(-nbl // TR) * TR  # row groups padded to whole register tiles (zero rows)
+        npad = -(-n // JB) * JB    # columns padded to whole score tiles
+        rvp = -(-rv // AC) * AC    # value components padded to whole accumulator tiles
         vec = ti.types.vector(L, real)
-        self.kernel = _fused_kernel(rule, geometry, dtype, d, H, r, rv, integrator, L)
+        self.kernel = _fused_kernel(rule, geometry, dtype, d, H, r, rv, integrator, L, TR, AC)
 
         def varr(*shape):
             return ti.ndarray(vec, shape=shape)
 
         self.xt, self.st, self.kt, self.at = (varr(R, d, nbl) for _ in range(4))
-        self.qv, self.gv = varr(R, H, r, nblp), varr(R, H, rv, nblp)
-        self.ks = ti.ndarray(real, shape=(R, H, n, r))
-        self.us = ti.ndarray(real, shape=(R, H, n, rv))
+        self.qv, self.gv = varr(R, H, r, nblp), varr(R, H, rvp, nblp)
+        self.ks = varr(R, H, npad, -(-r // L))   # per token, the rank over lanes
+        self.us = varr(R, H, n, -(-rvp // L))
+        self.kw = varr(H, d, -(-r // L))         # K_h, W_h by columns, the rank over lanes
+        self.ww = varr(H, d, -(-rvp // L))
+        import numpy as np
+        np_real = np.float32 if dtype == "float32" else np.float64
+        for padded in (self.qv, self.gv, self.ks, self.us):  # padding stays zero
+            padded.from_numpy(np.zeros(tuple(padded.shape) + tuple(padded.element_shape), np_real))
         self.fv = varr(R, H, d, nbl)
         self.rowv = varr(R, H, 3, nblp)  # entropy, row energy, radial a^h
-        self.zs = varr(R, TRF, n)
+        self.workers = workers = fused_workers(n, H, r, rv, R)
+        self.zs = varr(workers, TR, npad)
+        self.sync = ti.ndarray(ti.i64, shape=(SPIN + 8 * workers,))
         self.mask = varr(nbl)
-        import numpy as np
         m = (np.arange(nbl * L) < n).astype(np.float32 if dtype == "float32" else np.float64)
         self.mask.from_numpy(m.reshape(nbl, L))
         self._compiled = False
@@ -110,9 +179,9 @@ class FusedSteps:
         """steps > 0: advance; steps == 0: xdot at the current state (observed if observe_now,
         reduced into batch slot ``slot``)."""
         args = (sim._x, sim._Q, sim._K, sim._W, sim._O, sim._beta, sim._xdot, sim._tok, sim._red,
-                sim._sumx, self.xt, self.st, self.kt, self.at, self.qv, self.ks, self.us, self.gv,
-                self.fv, self.rowv, self.zs, self.mask, sim.dt, int(steps), int(observe_every),
-                int(sim.step_count), int(observe_now), int(slot))
+                sim._sumx, self.xt, self.st, self.kt, self.at, self.qv, self.ks, self.us, self.kw, self.ww, self.gv,
+                self.fv, self.rowv, self.zs, self.mask, self.sync, sim.dt, int(steps),
+                int(observe_every), int(sim.step_count), int(observe_now), int(slot), self.workers)
         with kernels._compile_options(scalarize=False, active=not self._compiled):
             self.kernel(*args)
         self._compiled = True
@@ -164,7 +233,7 @@ def vector_helpers(real, L: int):
 
 @functools.lru_cache(maxsize=None)
 def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: int,
-                  integrator: str, L: int):
+                  integrator: str, L: int, TR: int, AC: int):
     real = ti.f32 if dtype == "float32" else ti.f64
     f32 = dtype == "float32"
     sphere = geometry == "sphere"
@@ -176,6 +245,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
     potential_fn = ti.func(rule.potential) if (rule.potential is not None and not exponential) else None
     with_potential = potential_fn is not None
     NEG_BIG = -3.0e38 if f32 else -1.0e300
+    RVP = -(-rv // AC) * AC
     n_slots = n_tok_slots(H)
     vec = ti.types.vector(L, real)
     arr1 = ti.types.ndarray(dtype=real, ndim=1)
@@ -183,147 +253,163 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
     arr4 = ti.types.ndarray(dtype=real, ndim=4)
     f64arr4 = ti.types.ndarray(dtype=ti.f64, ndim=4)
     v1 = ti.types.ndarray(dtype=vec, ndim=1)
+    i64arr1 = ti.types.ndarray(dtype=ti.i64, ndim=1)
     v3 = ti.types.ndarray(dtype=vec, ndim=3)
     v4 = ti.types.ndarray(dtype=vec, ndim=4)
     c, splat, vabs, exp_clamped = vector_helpers(real, L)
 
     @ti.func
-    def evaluate(b, y: ti.template(), out: ti.template(), Qf: ti.template(), Kf: ti.template(),
-                 Wf: ti.template(), Of: ti.template(), beta: ti.template(), n, observe,
-                 tok: ti.template(), qv: ti.template(), ks: ti.template(), us: ti.template(),
-                 gv: ti.template(), fv: ti.template(), rowv: ti.template(), zs: ti.template(),
-                 mask: ti.template()):
-        """out = xdot at the state y (transposed), for replica b; with observe, the per-token
-        observables into tok. Loops over heads and components run at run time (static
-        unrolling multiplies Taichi's compile time); only the register accumulators are static."""
-        nbl = mask.shape[0]
+    def rows_project(b, jl, y: ti.template(), Qf: ti.template(), kw: ti.template(),
+                     ww: ti.template(), beta: ti.template(), n, qv: ti.template(),
+                     ks: ti.template(), us: ti.template()):
+        """Projections of the L tokens of group jl at the state y: beta Q_h y with rows in
+        lanes (qv); K_h y_j and W_h y_j per token with the rank in lanes (ks, us), read back
+        one component at a time in the pair pass (a lane-by-lane scatter cost as much as the
+        score tiles)."""
         bt = beta[b]
-        # projections, L tokens at a time: beta q over rows (lanes), k and u per token (scalars)
-        for jl in range(nbl):
-            yv = [y[b, e, jl] for e in ti.static(range(d))]
-            for h in range(H):
-                for a in range(r):
-                    sq = splat(0)
-                    sk = splat(0)
-                    for e in ti.static(range(d)):
-                        sq += Qf[h, a, e] * yv[e]
-                        sk += Kf[h, a, e] * yv[e]
-                    qv[b, h, a, jl] = sq * bt
-                    for k in range(L):
-                        if jl * L + k < n:
-                            ks[b, h, jl * L + k, a] = sk[k]
-                for a in range(rv):
-                    su = splat(0)
-                    for e in ti.static(range(d)):
-                        su += Wf[h, a, e] * yv[e]
-                    for k in range(L):
-                        if jl * L + k < n:
-                            us[b, h, jl * L + k, a] = su[k]
-        # the pair pass: TRF x L rows at a time (one per lane of TRF vectors) against one
-        # column j at a time, so no reduction ever crosses lanes and each broadcast of k_j, u_j
-        # serves TRF vectors; scores first (for the row maxima), then weights
+        yv = [y[b, e, jl] for e in ti.static(range(d))]
         for h in range(H):
-            for ip in range(qv.shape[3] // TRF):
-                il0 = ip * TRF
-                qa = [[qv[b, h, a, il0 + t] for a in ti.static(range(r))] for t in ti.static(range(TRF))]
-                acc = [[splat(0) for _ in ti.static(range(rv))] for _ in ti.static(range(TRF))]
-                wsum = [splat(0) for _ in ti.static(range(TRF))]
-                ent = [splat(0) for _ in ti.static(range(TRF))]
-                pot = [splat(0) for _ in ti.static(range(TRF))]
-                m = [splat(0) for _ in ti.static(range(TRF))]
-                if ti.static(exponential):
-                    top = [splat(NEG_BIG) for _ in ti.static(range(TRF))]
-                    for j in range(n):
-                        kj = [ks[b, h, j, a] for a in ti.static(range(r))]
-                        for t in ti.static(range(TRF)):
-                            z = splat(0)
-                            for a in ti.static(range(r)):
-                                z += qa[t][a] * kj[a]
-                            zs[b, t, j] = z
-                            top[t] = ti.max(top[t], z)
-                    for t in ti.static(range(TRF)):
-                        m[t] = top[t]
-                    for j in range(n):
-                        uj = [us[b, h, j, a] for a in ti.static(range(rv))]
-                        for t in ti.static(range(TRF)):
-                            zc = zs[b, t, j] - m[t]
-                            if ti.static(f32):
-                                zc = ti.max(zc, c(CLAMP))
-                            w = exp_clamped(zc)
-                            wsum[t] += w
-                            if observe:  # loop-invariant: LLVM unswitches it
-                                ent[t] += w * zc
-                            for a in ti.static(range(rv)):
-                                acc[t][a] += w * uj[a]
-                else:
-                    for j in range(n):
-                        kj = [ks[b, h, j, a] for a in ti.static(range(r))]
-                        uj = [us[b, h, j, a] for a in ti.static(range(rv))]
-                        for t in ti.static(range(TRF)):
-                            z = splat(0)
-                            for a in ti.static(range(r)):
-                                z += qa[t][a] * kj[a]
-                            w = splat(0)
-                            for k in range(L):
-                                w[k] = c(kernel_fn(z[k]))
-                            wsum[t] += w
-                            for a in ti.static(range(rv)):
-                                acc[t][a] += w * uj[a]
-                            if observe:
-                                for k in range(L):
-                                    if w[k] > 0:
-                                        ent[t][k] += w[k] * ti.log(w[k])
-                                    if ti.static(with_potential):
-                                        pot[t][k] += c(potential_fn(z[k]))
-                for t in ti.static(range(TRF)):
-                    norm = splat(0)
-                    for k in range(L):
-                        if ti.static(softmax_norm):
-                            if wsum[t][k] > 0:
-                                norm[k] = c(1) / wsum[t][k]
-                        elif ti.static(exponential):
-                            norm[k] = ti.exp(m[t][k]) / c(n)
-                        else:
-                            norm[k] = c(1) / c(n)
-                    for a in ti.static(range(rv)):
-                        gv[b, h, a, il0 + t] = acc[t][a] * norm
-                    if observe:
-                        entropy = splat(0)
-                        energy = pot[t]
-                        for k in range(L):
-                            if wsum[t][k] > 0:
-                                lw = ti.log(wsum[t][k])
-                                entropy[k] = lw - ent[t][k] / wsum[t][k]
-                                if ti.static(exponential):
-                                    energy[k] = m[t][k] + lw
-                        rowv[b, h, 0, il0 + t] = entropy
-                        rowv[b, h, 1, il0 + t] = energy
-        # head outputs f = O g, their sum, the tangent projection, L tokens at a time
-        for jl in range(nbl):
-            yv = [y[b, e, jl] for e in ti.static(range(d))]
-            v = [splat(0) for _ in ti.static(range(d))]
-            v_radial = splat(0)
-            for h in range(H):
-                fe = [splat(0) for _ in ti.static(range(d))]
-                for a in range(rv):
-                    ga = gv[b, h, a, jl]
-                    for e in ti.static(range(d)):
-                        fe[e] += Of[h, e, a] * ga
-                radial = splat(0)
+            for a in range(r):
+                sq = splat(0)
                 for e in ti.static(range(d)):
-                    fv[b, h, e, jl] = fe[e]
-                    v[e] += fe[e]
-                    radial += fe[e] * yv[e]
-                rowv[b, h, 2, jl] = radial
-                if ti.static(sphere):
-                    v_radial += radial
-            kinetic = splat(0)
+                    sq += Qf[h, a, e] * yv[e]
+                qv[b, h, a, jl] = sq * bt
+        for k in ti.static(range(L)):
+            i = jl * L + k
+            if i < n:
+                for h in range(H):
+                    for cc in range(ks.shape[3]):
+                        sk = splat(0)
+                        for e in ti.static(range(d)):
+                            sk += yv[e][k] * kw[h, e, cc]
+                        ks[b, h, i, cc] = sk
+                    for cc in range(us.shape[3]):
+                        su = splat(0)
+                        for e in ti.static(range(d)):
+                            su += yv[e][k] * ww[h, e, cc]
+                        us[b, h, i, cc] = su
+
+    @ti.func
+    def pair_group(b, h, ip, worker, observe, n, qv: ti.template(), ks: ti.template(),
+                   us: ti.template(), gv: ti.template(), rowv: ti.template(), zs: ti.template()):
+        """g = the normalised pulls of head h on the TR x L rows of group ip (and their row
+        entropy and energy when observed); zs[worker] is the worker's scratch."""
+        # the pair pass, a group of TR x L rows (rows in lanes) at a time, in three sweeps over
+        # the columns: scores by register tiles (TR row vectors x JB columns, the rank
+        # innermost), the weights in place of the scores, the weighted sum of u by register
+        # tiles (TR row vectors x AC components). Separate sweeps keep each inner loop a few
+        # independent chains (one fused sweep ran latency-bound at 1/4 of the FMA rate).
+        npad = ks.shape[2]
+        il0 = ip * TR
+        wsum = [splat(0) for _ in ti.static(range(TR))]
+        ent = [splat(0) for _ in ti.static(range(TR))]
+        pot = [splat(0) for _ in ti.static(range(TR))]
+        top = [splat(NEG_BIG) for _ in ti.static(range(TR))]
+        for j0i in range(npad // JB):
+            j0 = j0i * JB
+            z = [[splat(0) for _ in ti.static(range(JB))] for _ in ti.static(range(TR))]
+            for a in range(r):
+                qa = [qv[b, h, a, il0 + t] for t in ti.static(range(TR))]
+                for jj in ti.static(range(JB)):
+                    kj = ks[b, h, j0 + jj, a // L][a % L]
+                    for t in ti.static(range(TR)):
+                        z[t][jj] += qa[t] * kj
+            for jj in ti.static(range(JB)):
+                live = j0 + jj < n
+                for t in ti.static(range(TR)):
+                    zt = ti.select(live, z[t][jj], c(NEG_BIG))
+                    zs[worker, t, j0 + jj] = zt
+                    top[t] = ti.max(top[t], zt)
+        m = top
+        for j in range(n):
+            for t in ti.static(range(TR)):
+                if ti.static(exponential):
+                    zc = zs[worker, t, j] - m[t]
+                    if ti.static(f32):
+                        zc = ti.max(zc, c(CLAMP))
+                    w = exp_clamped(zc)
+                    zs[worker, t, j] = w
+                    wsum[t] += w
+                    if observe:  # loop-invariant: LLVM unswitches it
+                        ent[t] += w * zc
+                else:
+                    z = zs[worker, t, j]
+                    w = splat(0)
+                    for k in range(L):
+                        w[k] = c(kernel_fn(z[k]))
+                    zs[worker, t, j] = w
+                    wsum[t] += w
+                    if observe:
+                        for k in range(L):
+                            if w[k] > 0:
+                                ent[t][k] += w[k] * ti.log(w[k])
+                            if ti.static(with_potential):
+                                pot[t][k] += c(potential_fn(z[k]))
+        norm = [splat(0) for _ in ti.static(range(TR))]
+        for t in ti.static(range(TR)):
+            for k in range(L):
+                if ti.static(softmax_norm):
+                    if wsum[t][k] > 0:
+                        norm[t][k] = c(1) / wsum[t][k]
+                elif ti.static(exponential):
+                    norm[t][k] = ti.exp(m[t][k]) / c(n)
+                else:
+                    norm[t][k] = c(1) / c(n)
+        for a0i in range(RVP // AC):
+            a0 = a0i * AC
+            part = [[splat(0) for _ in ti.static(range(AC))] for _ in ti.static(range(TR))]
+            for j in range(n):
+                wt = [zs[worker, t, j] for t in ti.static(range(TR))]
+                for cc in ti.static(range(AC)):
+                    uj = us[b, h, j, (a0 + cc) // L][(a0 + cc) % L]
+                    for t in ti.static(range(TR)):
+                        part[t][cc] += wt[t] * uj
+            for t in ti.static(range(TR)):
+                for cc in ti.static(range(AC)):
+                    gv[b, h, a0 + cc, il0 + t] = part[t][cc] * norm[t]
+        if observe:
+            for t in ti.static(range(TR)):
+                entropy = splat(0)
+                energy = pot[t]
+                for k in range(L):
+                    if wsum[t][k] > 0:
+                        lw = ti.log(wsum[t][k])
+                        entropy[k] = lw - ent[t][k] / wsum[t][k]
+                        if ti.static(exponential):
+                            energy[k] = m[t][k] + lw
+                rowv[b, h, 0, il0 + t] = entropy
+                rowv[b, h, 1, il0 + t] = energy
+
+    @ti.func
+    def rows_output(b, jl, y: ti.template(), out: ti.template(), Of: ti.template(), observe, n,
+                    gv: ti.template(), fv: ti.template(), rowv: ti.template(), tok: ti.template()):
+        """out = xdot of the L tokens of group jl (head outputs f = O g, their sum, the tangent
+        projection); with observe, their per-token observables into tok."""
+        yv = [y[b, e, jl] for e in ti.static(range(d))]
+        v = [splat(0) for _ in ti.static(range(d))]
+        v_radial = splat(0)
+        for h in range(H):
+            fe = [splat(0) for _ in ti.static(range(d))]
+            for a in range(rv):
+                ga = gv[b, h, a, jl]
+                for e in ti.static(range(d)):
+                    fe[e] += Of[h, e, a] * ga
+            radial = splat(0)
             for e in ti.static(range(d)):
-                xde = v[e] - v_radial * yv[e]
-                out[b, e, jl] = xde
-                kinetic += xde * xde
-            if observe:
-                observe_group(b, jl, yv, v_radial, kinetic, fv, rowv, tok, n)
+                fv[b, h, e, jl] = fe[e]
+                v[e] += fe[e]
+                radial += fe[e] * yv[e]
+            rowv[b, h, 2, jl] = radial
+            if ti.static(sphere):
+                v_radial += radial
+        kinetic = splat(0)
+        for e in ti.static(range(d)):
+            xde = v[e] - v_radial * yv[e]
+            out[b, e, jl] = xde
+            kinetic += xde * xde
+        if observe:
+            observe_group(b, jl, yv, v_radial, kinetic, fv, rowv, tok, n)
+
 
     @ti.func
     def lanes_to_tok(b, jl, slot, value, tok: ti.template(), n):
@@ -401,79 +487,164 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                     total += ti.cast(y[b, e, il][k], ti.f64) / ti.sqrt(norm2)
             sumx[slot, b, e, 0] = total
 
+    @ti.func
+    def rows_advance(b, jl, stage, dt, xt: ti.template(), st: ti.template(), kt: ti.template(),
+                     at: ti.template(), mask: ti.template()):
+        """The integrator's update of the L tokens of group jl after evaluation ``stage``:
+        RK4 acc = k1 + 2 k2 + 2 k3 + k4, stage points x + (dt/2, dt/2, dt) k; the retraction."""
+        last = stage == STAGES - 1
+        keep = c(0) if stage == 0 else c(1)
+        weight = c(1) if (stage == 0 or last) else c(2)
+        reach = dt if stage == 2 else c(0.5) * dt
+        for e in ti.static(range(d)):
+            if ti.static(rk4):
+                a_new = keep * at[b, e, jl] + weight * kt[b, e, jl]
+                at[b, e, jl] = a_new
+                if last:
+                    xt[b, e, jl] = xt[b, e, jl] + (dt / c(6)) * a_new
+                else:
+                    st[b, e, jl] = xt[b, e, jl] + reach * kt[b, e, jl]
+            else:
+                xt[b, e, jl] = xt[b, e, jl] + dt * kt[b, e, jl]
+        if ti.static(sphere):
+            if last:
+                sq = splat(0)
+                for e in ti.static(range(d)):
+                    sq += xt[b, e, jl] * xt[b, e, jl]
+                sq = ti.select(mask[jl] > c(0), sq, c(1))
+                inv = splat(0)
+                for k in range(L):
+                    inv[k] = c(1) / ti.sqrt(sq[k])
+                for e in ti.static(range(d)):
+                    xt[b, e, jl] = xt[b, e, jl] * inv
+
+    @ti.func
+    def wait_for(sync: ti.template(), count, worker):
+        """Spin until ``count`` work units of this launch are done. The counter is read by a
+        plain load (a locked read would take its cache line from the thread about to add to
+        it); an atomic on the worker's own line keeps the compiler from hoisting the load or
+        moving the next phase's loads above it."""
+        spins = 0
+        while sync[DONE] < count:
+            ti.atomic_add(sync[SPIN + 8 * worker], ti.cast(1, ti.i64))
+            spins += 1
+            if spins > SPINS_BEFORE_YIELD:
+                cpu_yield()
+
     @ti.kernel
     def fused(x: arr3, Qf: arr3, Kf: arr3, Wf: arr3, Of: arr3, beta: arr1, xdot: arr3, tok: arr3,
-              red: f64arr4, sumx: f64arr4, xt: v3, st: v3, kt: v3, at: v3, qv: v4, ks: arr4, us: arr4,
-              gv: v4, fv: v4, rowv: v4, zs: v3, mask: v1, dt: real, steps: ti.i32,
-              observe_every: ti.i32, start_step: ti.i32, observe_now: ti.i32, slot0: ti.i32):
+              red: f64arr4, sumx: f64arr4, xt: v3, st: v3, kt: v3, at: v3, qv: v4, ks: v4, us: v4, kw: v3, ww: v3,
+              gv: v4, fv: v4, rowv: v4, zs: v3, mask: v1, sync: i64arr1, dt: real, steps: ti.i32,
+              observe_every: ti.i32, start_step: ti.i32, observe_now: ti.i32, slot0: ti.i32,
+              workers: ti.i32):
         """``steps`` steps of every replica (or, with steps = 0, xdot at the current state).
-        One evaluation site in a loop over (step, stage): each inlined copy costs compile time."""
-        n = x.shape[1]
-        nbl = mask.shape[0]
-        ti.loop_config(block_dim=1)  # a replica is a whole task
-        for b in range(x.shape[0]):
-            for jl in range(nbl):  # into the transposed layout, zero padding
-                for e in range(d):
-                    v = splat(0)
-                    for k in range(L):
-                        if jl * L + k < n:
-                            v[k] = x[b, jl * L + k, e]
-                    xt[b, e, jl] = v
-            slot = slot0
+
+        ``workers`` threads share the work of every replica in phases (rows: the update and
+        projections of a group of L tokens; pairs: one head on one row group; reduce: one
+        replica's observables), each phase ending at a barrier. Units are handed out by
+        tickets from one counter over the whole launch: a thread that draws a ticket past its
+        phase keeps it for the phase it belongs to, so any number of threads (one included)
+        finishes, and no counter is ever reset."""
+        sync[CLAIM] = ti.cast(0, ti.i64)
+        sync[DONE] = ti.cast(0, ti.i64)
+        # sched_yield's address differs per process (ASLR) but is compiled in as a constant:
+        # written here, it is part of the IR that Taichi's offline cache hashes, so a kernel
+        # cached by another process is never reused with a stale address.
+        sync[ADDRESS] = ti.cast(YIELD_LOW, ti.i64)
+        sync[ADDRESS + 1] = ti.cast(YIELD_HIGH, ti.i64)
+        ti.loop_config(block_dim=1)  # a worker is a whole task
+        for w in range(workers):
+            R, n = x.shape[0], x.shape[1]
+            nbl = mask.shape[0]
+            ngroups = qv.shape[3] // TR
+            rows_total = ti.cast(R * nbl, ti.i64)
+            pairs_total = ti.cast(R * H * ngroups, ti.i64)
             evaluations = steps * STAGES if steps > 0 else 1
-            for it in range(evaluations):
-                s = it // STAGES
-                stage = it % STAGES
+            base = ti.cast(0, ti.i64)
+            ticket = ti.atomic_add(sync[CLAIM], ti.cast(1, ti.i64))
+            slot = slot0
+            observed_before = False  # evaluation e - 1 is observed
+            while ticket < base + H:  # K_h and W_h by columns, the rank over lanes
+                h = ti.cast(ticket - base, ti.i32)
+                for e in range(d):
+                    for cc in range(kw.shape[2]):
+                        v = splat(0)
+                        for k in ti.static(range(L)):
+                            if cc * L + k < r:
+                                v[k] = Kf[h, cc * L + k, e]
+                        kw[h, e, cc] = v
+                    for cc in range(ww.shape[2]):
+                        v = splat(0)
+                        for k in ti.static(range(L)):
+                            if cc * L + k < rv:
+                                v[k] = Wf[h, cc * L + k, e]
+                        ww[h, e, cc] = v
+                ti.atomic_add(sync[DONE], ti.cast(1, ti.i64))
+                ticket = ti.atomic_add(sync[CLAIM], ti.cast(1, ti.i64))
+            base += H
+            wait_for(sync, base, w)
+            for e in range(evaluations + 1):
                 observe = observe_now != 0
                 if steps > 0:
-                    observe = stage == 0 and observe_every > 0 and \
-                        (start_step + s) % ti.max(observe_every, 1) == 0
-                if stage == 0:
-                    for jl in range(nbl):
-                        for e in ti.static(range(d)):
-                            st[b, e, jl] = xt[b, e, jl]
-                evaluate(b, st, kt, Qf, Kf, Wf, Of, beta, n, observe, tok, qv, ks, us, gv, fv, rowv,
-                         zs, mask)
-                if observe:
-                    reduce_into(b, slot, tok, st, red, sumx, n)
-                    slot += 1
-                if steps > 0:
-                    last = stage == STAGES - 1
-                    # RK4: acc = k1 + 2 k2 + 2 k3 + k4, stage points x + (dt/2, dt/2, dt) k
-                    keep = c(0) if stage == 0 else c(1)
-                    weight = c(1) if (stage == 0 or last) else c(2)
-                    reach = dt if stage == 2 else c(0.5) * dt
-                    for jl in range(nbl):
-                        for e in ti.static(range(d)):
-                            if ti.static(rk4):
-                                a_new = keep * at[b, e, jl] + weight * kt[b, e, jl]
-                                at[b, e, jl] = a_new
-                                if last:
-                                    xt[b, e, jl] = xt[b, e, jl] + (dt / c(6)) * a_new
+                    observe = e % STAGES == 0 and observe_every > 0 and \
+                        (start_step + e // STAGES) % ti.max(observe_every, 1) == 0
+                # rows: finish evaluation e - 1 (xdot, observables), then, unless its
+                # observables still need the state, update and project for evaluation e
+                for rounds in range(2):
+                    if rounds == 0 or observed_before:
+                        while ticket < base + rows_total:
+                            u = ti.cast(ticket - base, ti.i32)
+                            b, jl = u // nbl, u % nbl
+                            if rounds == 0:
+                                if e == 0:
+                                    for comp in range(d):  # into the transposed layout
+                                        v = splat(0)
+                                        for k in range(L):
+                                            if jl * L + k < n:
+                                                v[k] = x[b, jl * L + k, comp]
+                                        xt[b, comp, jl] = v
                                 else:
-                                    st[b, e, jl] = xt[b, e, jl] + reach * kt[b, e, jl]
-                            else:
-                                xt[b, e, jl] = xt[b, e, jl] + dt * kt[b, e, jl]
-                    if ti.static(sphere):
-                        if last:
-                            for jl in range(nbl):
-                                sq = splat(0)
-                                for e in ti.static(range(d)):
-                                    sq += xt[b, e, jl] * xt[b, e, jl]
-                                sq = ti.select(mask[jl] > c(0), sq, c(1))
-                                inv = splat(0)
-                                for k in range(L):
-                                    inv[k] = c(1) / ti.sqrt(sq[k])
-                                for e in ti.static(range(d)):
-                                    xt[b, e, jl] = xt[b, e, jl] * inv
-            for jl in range(nbl):  # back to (n, d): the new state, or xdot
-                for e in range(d):
-                    v = xt[b, e, jl] if steps > 0 else kt[b, e, jl]
-                    for k in range(L):
-                        if jl * L + k < n:
-                            if steps > 0:
-                                x[b, jl * L + k, e] = v[k]
-                            else:
-                                xdot[b, jl * L + k, e] = v[k]
+                                    rows_output(b, jl, st, kt, Of, observed_before, n, gv, fv, rowv, tok)
+                            if rounds == 1 or not observed_before:
+                                if e > 0 and steps > 0:
+                                    rows_advance(b, jl, (e - 1) % STAGES, dt, xt, st, kt, at, mask)
+                                if e < evaluations:
+                                    if e % STAGES == 0:
+                                        for comp in ti.static(range(d)):
+                                            st[b, comp, jl] = xt[b, comp, jl]
+                                    rows_project(b, jl, st, Qf, kw, ww, beta, n, qv, ks, us)
+                                else:  # back to (n, d): the new state, or xdot
+                                    for comp in range(d):
+                                        v = xt[b, comp, jl] if steps > 0 else kt[b, comp, jl]
+                                        for k in range(L):
+                                            if jl * L + k < n:
+                                                if steps > 0:
+                                                    x[b, jl * L + k, comp] = v[k]
+                                                else:
+                                                    xdot[b, jl * L + k, comp] = v[k]
+                            ti.atomic_add(sync[DONE], ti.cast(1, ti.i64))
+                            ticket = ti.atomic_add(sync[CLAIM], ti.cast(1, ti.i64))
+                        base += rows_total
+                        wait_for(sync, base, w)
+                    if rounds == 0 and observed_before:
+                        # reduce: the observables of evaluation e - 1, one replica per unit
+                        while ticket < base + R:
+                            reduce_into(ti.cast(ticket - base, ti.i32), slot, tok, st, red, sumx, n)
+                            ti.atomic_add(sync[DONE], ti.cast(1, ti.i64))
+                            ticket = ti.atomic_add(sync[CLAIM], ti.cast(1, ti.i64))
+                        base += R
+                        wait_for(sync, base, w)
+                        slot += 1
+                if e < evaluations:  # pairs: one head on one row group per unit
+                    while ticket < base + pairs_total:
+                        u = ti.cast(ticket - base, ti.i32)
+                        b, rest = u // (H * ngroups), u % (H * ngroups)
+                        pair_group(b, rest // ngroups, rest % ngroups, w, observe, n, qv, ks, us,
+                                   gv, rowv, zs)
+                        ti.atomic_add(sync[DONE], ti.cast(1, ti.i64))
+                        ticket = ti.atomic_add(sync[CLAIM], ti.cast(1, ti.i64))
+                    base += pairs_total
+                    wait_for(sync, base, w)
+                observed_before = observe
 
     return fused
