@@ -115,3 +115,43 @@ def test_vector_exp_matches_numpy_over_the_clamped_range():
     assert np.max(np.abs(got - want)) < 25 * 2.0 ** -23
     heavy = z >= -10
     assert np.max(np.abs(got[heavy] - want[heavy]) / want[heavy]) < 5e-6
+
+
+def _fused_run(monkeypatch, workers, x, heads, **kw):
+    if workers == 1:
+        monkeypatch.setattr(kernels_fused, "PARALLEL_MIN_WORK", float("inf"))
+    else:
+        monkeypatch.setattr(kernels_fused, "PARALLEL_MIN_WORK", 0.0)
+        monkeypatch.setattr(kernels_fused, "available_threads", lambda: workers)
+    sim = particles.Simulation(x, heads, path="fused", batch=4, **kw)
+    assert sim._fused.workers == workers
+    sim.advance(9, observe_every=3)
+    sim.advance(4, observe_every=3)
+    return sim.native_tokens(), sim.take_rows()
+
+
+@pytest.mark.parametrize("n", [21, 50, 70])
+@pytest.mark.parametrize("rule,integrator,dtype", [("softmax", "rk4", "float32"),
+                                                   ("softmax", "euler", "float64"),
+                                                   ("relu", "rk4", "float32")])
+def test_threads_sharing_a_fused_launch_change_no_number(monkeypatch, n, rule, integrator, dtype):
+    """A launch shared by 2 or 3 threads (more threads than this machine may have cores: the
+    ticket scheme must finish whoever turns up) gives bitwise the numbers of one thread, for
+    row-tile shapes TR = 2, 4, 3 (n = 21, 50, 70 in float32) and an ensemble; and they are
+    the reference's."""
+    R, d, H, beta, dt = 2, 4, 3, 1.3, 0.03
+    xs = np.stack([random_tokens(n, d, seed=s) for s in range(R)])
+    heads = general_heads(H, d, seed=3)
+    kw = dict(beta=beta, rule=rule, dt=dt, integrator=integrator, dtype=dtype)
+    one = _fused_run(monkeypatch, 1, xs, heads, **kw)
+    for workers in (2, 3):
+        many = _fused_run(monkeypatch, workers, xs, heads, **kw)
+        assert np.array_equal(many[0], one[0])
+        assert [r["step"] for r in many[1]] == [r["step"] for r in one[1]] == [0, 0, 3, 3, 6, 6, 9, 9, 12, 12]
+        for a, b in zip(many[1], one[1]):
+            assert all(a[k] == b[k] or (np.isnan(a[k]) and np.isnan(b[k])) for k in b), (a, b)
+    stepper = ref.step_rk4 if integrator == "rk4" else ref.step_euler
+    state = xs[1].astype(np.float64)
+    for _ in range(13):
+        state = stepper(state, heads, beta, rule, "sphere", dt)
+    assert rel_err(one[0][1].astype(np.float64), state) < (1e-9 if dtype == "float64" else 1e-4)
