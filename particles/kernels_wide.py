@@ -21,6 +21,7 @@ and the value accumulators (NSLOT x TR x (JBK + rv) vectors): no n x n matrix.
 import functools
 import os
 
+import numpy as np
 import taichi as ti
 
 from . import kernels
@@ -58,18 +59,25 @@ class WideHeads:
         self.H = H
         self.xt = ti.ndarray(vec, shape=(R, d, nbl))
         self.qv = ti.ndarray(vec, shape=(R, r, nbl))       # one head at a time: memory / H
-        self.ks = ti.ndarray(real, shape=(R, npad, r))
-        self.us = ti.ndarray(real, shape=(R, npad, rvp))
+        rl, rvl = -(-r // L) * L, -(-rvp // L) * L  # ranks padded to whole vectors
+        self.ks = ti.ndarray(real, shape=(R, npad, rl))    # per token
+        self.us = ti.ndarray(real, shape=(R, npad, rvl))
+        self.kw = ti.ndarray(vec, shape=(d, rl // L))       # K_h, W_h by columns, rank in lanes
+        self.ww = ti.ndarray(vec, shape=(d, rvl // L))
+        np_real = np.float32 if real == ti.f32 else np.float64
+        for padded in (self.ks, self.us):  # padding tokens stay zero
+            padded.from_numpy(np.zeros(tuple(padded.shape), np_real))
         self.zs = ti.ndarray(vec, shape=(self.nslot, TR, _block(JB)))
         self.acc = ti.ndarray(vec, shape=(self.nslot, TR, rvp))
         self._compiled = False
 
     def __call__(self, x, Q, K, W, O, q, k, u, beta, hint, hreal, g, f, row, observe):
         """hint, hreal (per-head bands, biases, betas) are unused: such heads never come here."""
-        project, pair = self.kernels
+        transpose, project, pair = self.kernels
         with kernels._compile_options(scalarize=False, active=not self._compiled):
+            transpose(x, self.xt)
             for h in range(self.H):
-                project(x, Q, K, W, beta, self.xt, self.qv, self.ks, self.us, h)
+                project(x, Q, K, W, beta, self.xt, self.qv, self.ks, self.us, self.kw, self.ww, h)
                 pair(self.qv, self.ks, self.us, O, f, row, self.zs, self.acc, x.shape[1], h)
         self._compiled = True
 
@@ -80,11 +88,15 @@ def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: 
     f32 = real == ti.f32
     NEG_BIG = -3.0e38 if f32 else -1.0e300
     rvp = -(-rv // AC) * AC
+    RC, RVC = -(-r // L), -(-rvp // L)          # vectors per token of k and u (rank in lanes)
+    AB = 4 if r % 4 == 0 else (2 if r % 2 == 0 else 1)  # q components per projection tile
+    TB = max(1, min(4, 16 // (RC + RVC)))       # tokens per k, u projection tile (<= 16 sums)
     JBK_ = _block(JB)
     vec = ti.types.vector(L, real)
     arr1 = ti.types.ndarray(dtype=real, ndim=1)
     arr3 = ti.types.ndarray(dtype=real, ndim=3)
     arr4 = ti.types.ndarray(dtype=real, ndim=4)
+    v2 = ti.types.ndarray(dtype=vec, ndim=2)
     v3 = ti.types.ndarray(dtype=vec, ndim=3)
     v4 = ti.types.ndarray(dtype=vec, ndim=4)
     c, splat, vabs, exp_clamped = vector_helpers(real, L)
@@ -97,41 +109,71 @@ def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: 
         return result
 
     @ti.kernel
-    def project(x: arr3, Qf: arr3, Kf: arr3, Wf: arr3, beta: arr1, xt: v3, qv: v3, ks: arr3,
-                us: arr3, h: ti.i32):
-        """beta Q_h x over rows (vectors); K_h x, W_h x per token (scalars, zero padding).
-        Components run at run time (a static unroll over d = 64 costs seconds of compile)."""
+    def transpose(x: arr3, xt: v3):
+        """The tokens with rows in lanes (zero padding), once per evaluation."""
         R, n = x.shape[0], x.shape[1]
-        nbl = qv.shape[2]
-        npad = ks.shape[1]
-        for b, e, jl in ti.ndrange(R, d, nbl):
+        for b, e, jl in ti.ndrange(R, d, xt.shape[2]):
             v = splat(0)
             for k in range(L):
                 if jl * L + k < n:
                     v[k] = x[b, jl * L + k, e]
             xt[b, e, jl] = v
+
+    @ti.kernel
+    def project(x: arr3, Qf: arr3, Kf: arr3, Wf: arr3, beta: arr1, xt: v3, qv: v3, ks: arr3,
+                us: arr3, kw: v2, ww: v2, h: ti.i32):
+        """beta Q_h x with rows in lanes (qv); K_h x_j and W_h x_j per token (ks, us: computed
+        with the rank in lanes and stored lane by constant index, where a scatter of row
+        vectors lane by variable index cost a third of the pass at n = 1024). Components run at run time (a static unroll over d = 64 costs seconds of
+        compile)."""
+        R, n = x.shape[0], x.shape[1]
+        for e in range(d):  # K_h and W_h by columns, the rank in lanes
+            for cc in range(kw.shape[1]):
+                v = splat(0)
+                for k in ti.static(range(L)):
+                    if cc * L + k < r:
+                        v[k] = Kf[h, cc * L + k, e]
+                kw[e, cc] = v
+            for cc in range(ww.shape[1]):
+                v = splat(0)
+                for k in ti.static(range(L)):
+                    if cc * L + k < rv:
+                        v[k] = Wf[h, cc * L + k, e]
+                ww[e, cc] = v
         ti.loop_config(block_dim=1)
-        for b, jl in ti.ndrange(R, nbl):
+        for b, jl in ti.ndrange(R, qv.shape[2]):  # AB components at a time share each load of x
             bt = beta[b]
-            for a in range(r):
-                sq = splat(0)
-                sk = splat(0)
+            for a0i in range(r // AB):
+                a0 = a0i * AB
+                sq = [splat(0) for _ in ti.static(range(AB))]
                 for e in range(d):
                     xe = xt[b, e, jl]
-                    sq += Qf[h, a, e] * xe
-                    sk += Kf[h, a, e] * xe
-                qv[b, a, jl] = sq * bt
-                for k in range(L):
-                    if jl * L + k < npad:
-                        ks[b, jl * L + k, a] = sk[k]
-            for a in range(rvp):
-                su = splat(0)
-                if a < rv:
-                    for e in range(d):
-                        su += Wf[h, a, e] * xt[b, e, jl]
-                for k in range(L):
-                    if jl * L + k < npad:
-                        us[b, jl * L + k, a] = su[k]
+                    for t in ti.static(range(AB)):
+                        sq[t] += Qf[h, a0 + t, e] * xe
+                for t in ti.static(range(AB)):
+                    qv[b, a0 + t, jl] = sq[t] * bt
+        for b, j0i in ti.ndrange(R, (n + TB - 1) // TB):  # TB tokens share each load of kw, ww
+            j0 = j0i * TB
+            sk = [[splat(0) for _ in ti.static(range(RC))] for _ in ti.static(range(TB))]
+            su = [[splat(0) for _ in ti.static(range(RVC))] for _ in ti.static(range(TB))]
+            for e in range(d):
+                xe = [x[b, ti.min(j0 + t, n - 1), e] for t in ti.static(range(TB))]
+                for cc in ti.static(range(RC)):
+                    kc = kw[e, cc]
+                    for t in ti.static(range(TB)):
+                        sk[t][cc] += xe[t] * kc
+                for cc in ti.static(range(RVC)):
+                    wc = ww[e, cc]
+                    for t in ti.static(range(TB)):
+                        su[t][cc] += xe[t] * wc
+            for t in ti.static(range(TB)):
+                if j0 + t < n:
+                    for cc in ti.static(range(RC)):
+                        for k in ti.static(range(L)):  # lanes by constant index: a cheap extract
+                            ks[b, j0 + t, cc * L + k] = sk[t][cc][k]
+                    for cc in ti.static(range(RVC)):
+                        for k in ti.static(range(L)):
+                            us[b, j0 + t, cc * L + k] = su[t][cc][k]
 
     @ti.kernel
     def pair(qv: v3, ks: arr3, us: arr3, Of: arr3, f: arr4, row: arr4, zs: v3, acc: v3, n: ti.i32,
@@ -234,4 +276,4 @@ def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: 
                             row[b, h, i0 + k, 2] = entropy[k]
                             row[b, h, i0 + k, 3] = energy[k]
 
-    return project, pair
+    return transpose, project, pair

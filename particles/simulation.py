@@ -228,7 +228,8 @@ class Simulation:
         for _, head_pass, hint in self._passes:  # one pass per distinct rule of the layer
             head_pass(x, self._Q, self._K, self._W, self._O, self._q, self._k, self._u, self._beta,
                       hint, self._hreal, self._g, self._f, self._row, observe)
-        kern.combine(x, self._f, xdot, self._row, self._tok, observe)
+        kern.combine(x, self._f, xdot, self._row, self._tok, observe,
+                     x.shape[0] * x.shape[1] >= kernels.COMBINE_PARALLEL_TOKENS)
 
     def _use_layer(self, index: int) -> None:
         """Point the operations at layer ``index``'s heads (a no-op when already there)."""
