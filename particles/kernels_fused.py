@@ -274,20 +274,20 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                 for e in ti.static(range(d)):
                     sq += Qf[h, a, e] * yv[e]
                 qv[b, h, a, jl] = sq * bt
-        for k in ti.static(range(L)):
-            i = jl * L + k
-            if i < n:
-                for h in range(H):
-                    for cc in range(ks.shape[3]):
-                        sk = splat(0)
-                        for e in ti.static(range(d)):
-                            sk += yv[e][k] * kw[h, e, cc]
-                        ks[b, h, i, cc] = sk
-                    for cc in range(us.shape[3]):
-                        su = splat(0)
-                        for e in ti.static(range(d)):
-                            su += yv[e][k] * ww[h, e, cc]
-                        us[b, h, i, cc] = su
+        for k in range(ti.min(L, n - jl * L)):  # at run time: a static unroll of L x d
+            i = jl * L + k                       # multiplied the compile time by 5
+            yk = [y[b, e, jl][k] for e in ti.static(range(d))]
+            for h in range(H):
+                for cc in range(ks.shape[3]):
+                    sk = splat(0)
+                    for e in ti.static(range(d)):
+                        sk += yk[e] * kw[h, e, cc]
+                    ks[b, h, i, cc] = sk
+                for cc in range(us.shape[3]):
+                    su = splat(0)
+                    for e in ti.static(range(d)):
+                        su += yk[e] * ww[h, e, cc]
+                    us[b, h, i, cc] = su
 
     @ti.func
     def pair_group(b, h, ip, worker, observe, n, qv: ti.template(), ks: ti.template(),
