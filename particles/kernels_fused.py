@@ -33,18 +33,20 @@ import taichi as ti
 from . import kernels
 from .kernels import SLOTS_PER_HEAD, n_tok_slots
 
-# Auto choice (Simulation(path="auto")): the fused path for ranks up to FUSED_MAX_RANK (its
-# per-row accumulators live in registers) and no entropy rate (it needs a second pair pass the
-# fused kernel does not have), while the pair work of an evaluation, n^2 H (r + rv + EXP_COST)
-# multiply-add equivalents, stays under FUSED_MAX_WORK (float32), or n <= FUSED_MAX_N (float64,
-# whose exp is libm per lane). Above it the tiled path, whose two threads per replica win once
-# a step's pair work dwarfs its launches. Measured single-replica RK4, tiled / fused time:
-# (1024, 3, 1) 1.74, (2048, 3, 1) 1.24, (1024, 8, 3) 1.21, (512, 16, 4) 1.35 (59e6 to 126e6);
-# (1024, 16, 4) 0.81 (235e6).
+# Auto choice (Simulation(path="auto")): the fused path for ranks up to FUSED_MAX_RANK and
+# dimensions up to FUSED_MAX_D (compile time: loops over components are unrolled; 12 s at
+# d = 64 uncached) and no entropy rate (it needs a second pair pass the fused kernel does not
+# have), while the pair work of an evaluation, n^2 H (r + rv + EXP_COST) multiply-add
+# equivalents, stays under FUSED_MAX_WORK (float32), or n <= FUSED_MAX_N (float64, whose exp
+# is libm per lane). Above it the tiled path. Measured with two threads sharing a launch,
+# tiled / fused time (RK4 unless said): (1024, 3, 4) 4.1, (1024, 16, 4) 2.1, (2048, 8, 3) 1.9,
+# (1024, 32, 4) 1.4, (2048, 32, 4) 1.3, (4096, 3, 4) 1.3 (2.0e9), Euler (1024, 64, 8) rank 8
+# 1.5 and full 1.0; (4096, 16, 4) 1.07 (3.8e9); Euler (4096, 64, 8) rank 8 0.98 (5.4e9).
 FUSED_MAX_N = 256
-FUSED_MAX_WORK = 150e6
+FUSED_MAX_WORK = 2.5e9
 EXP_COST = 24  # the float32 exp and the weight bookkeeping, in multiply-adds per pair
-FUSED_MAX_RANK = 32
+FUSED_MAX_RANK = 64
+FUSED_MAX_D = 64
 PATHS = ("auto", "fused", "tiled")
 JB = 6         # columns per score tile of the pair pass (with TR = 3: 18 accumulators, as kernels_wide)
 CLAIM, DONE, ADDRESS, SPIN = 0, 8, 16, 24  # sync: counters, sched_yield, spin slots (own lines)
@@ -117,7 +119,7 @@ def tile_shape(nbl: int, rv: int) -> tuple:
 
 
 def choose_path(path: str, n: int, H: int, r: int, rv: int, dtype: str, arch: str,
-                entropy_rate: bool) -> str:
+                entropy_rate: bool, d: int = 0) -> str:
     """'fused' or 'tiled' for a requested path; raises for a fused request it cannot serve."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -131,7 +133,7 @@ def choose_path(path: str, n: int, H: int, r: int, rv: int, dtype: str, arch: st
             raise ValueError(f"path 'fused' is not available here: {reason}; use path 'tiled' or 'auto'")
         return "fused"
     small = n <= FUSED_MAX_N or (dtype == "float32" and pair_work(n, H, r, rv) <= FUSED_MAX_WORK)
-    if path == "tiled" or reason or not small or max(r, rv) > FUSED_MAX_RANK:
+    if path == "tiled" or reason or not small or max(r, rv) > FUSED_MAX_RANK or d > FUSED_MAX_D:
         return "tiled"
     return "fused"
 

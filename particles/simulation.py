@@ -216,7 +216,7 @@ class Simulation:
             self.path = "plain"
         else:
             self.path = kernels_fused.choose_path("tiled" if not self.plain else path, n, H, r, rv,
-                                                  dtype, self.arch, self.entropy_rate_enabled)
+                                                  dtype, self.arch, self.entropy_rate_enabled, d)
         self._fused = kernels_fused.FusedSteps(self.rule, geometry, dtype, d, H, r, rv, integrator,
                                                R, n) if self.path == "fused" else None
         self._ops = _Operations(self)

@@ -245,7 +245,7 @@ def test_wide_pass_at_large_n_matches_reference(rule):
     want_v = ref.velocity(x, full, beta, rule, "sphere")
     want = ref.observables(x, full, beta, rule, "sphere")
     for dtype in ("float64", "float32"):
-        sim = particles.Simulation(x, heads, beta=beta, rule=rule, dtype=dtype)
+        sim = particles.Simulation(x, heads, beta=beta, rule=rule, dtype=dtype, path="tiled")
         assert isinstance(sim._heads, kernels_wide.WideHeads)
         assert rel_err(sim.velocity(), want_v) < RTOL[dtype]
         sim.observe()

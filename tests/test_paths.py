@@ -78,8 +78,10 @@ def test_auto_path_choice_and_errors():
     assert particles.Simulation(bigger, heads).path == "fused"
     assert kernels_fused.pair_work(1024, 1, 3, 3) <= kernels_fused.FUSED_MAX_WORK
     assert kernels_fused.choose_path("auto", 1024, 1, 3, 3, "float32", "cpu", False) == "fused"
-    assert kernels_fused.pair_work(1024, 4, 16, 16) > kernels_fused.FUSED_MAX_WORK
-    assert kernels_fused.choose_path("auto", 1024, 4, 16, 16, "float32", "cpu", False) == "tiled"
+    assert kernels_fused.pair_work(4096, 4, 16, 16) > kernels_fused.FUSED_MAX_WORK
+    assert kernels_fused.choose_path("auto", 4096, 4, 16, 16, "float32", "cpu", False) == "tiled"
+    assert kernels_fused.choose_path("auto", 64, 1, 3, 3, "float32", "cpu", False,
+                                     d=kernels_fused.FUSED_MAX_D + 1) == "tiled"
     with pytest.raises(ValueError, match="path must be one of"):
         particles.Simulation(x, heads, path="fast")
     with pytest.raises(ValueError, match="entropy-rate"):
