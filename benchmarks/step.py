@@ -10,7 +10,7 @@ every timed region:
 
 small n (``--small``): RK4, softmax, sphere, float32, observables every 10 steps, a run of
     steps per sample. engine = ``Simulation(path="auto")`` (the fused path while the pair
-    work n^2 H (r + rv + 24) is under 1.5e8, float32), tiled = the per-kernel path,
+    work n^2 H (r + rv + 24) is under 2.5e9, float32), tiled = the per-kernel path,
     numpy = ``peers.numpy_rk4_run`` (a plain NumPy RK4 loop).
 large n (``--sizes``): one Euler step, softmax, sphere, float32, H heads given as factors
     (full r = rv = d, and low rank r = rv = max(1, d // H)):

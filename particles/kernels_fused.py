@@ -3,8 +3,15 @@
 For systems that fit in cache, the ~25 launches of an RK4 step (about 80 us each) cost far
 more than the arithmetic. ``FusedSteps`` advances k steps in ONE launch: every integrator
 stage, the retraction, and the observables of the logged steps (reduced on the device into
-the Simulation's batch buffer). Replicas of an ensemble run in parallel, one per thread;
-inside a replica everything is serial.
+the Simulation's batch buffer).
+
+Threads: from PARALLEL_MIN_WORK of pair work the CPU's threads share the launch in phases
+(rows: finish an evaluation for a group of L tokens, update them, project them for the next;
+pairs: one head on one row group; reduce: one replica's observables), each ending at a
+barrier. Work units are tickets drawn from one counter over the whole launch: a thread that
+draws past its phase keeps the ticket for the phase it belongs to, so any number of threads
+finishes (one included) and no counter is reset. A waiting thread spins, then yields the
+core (``cpu_yield``). Which thread runs a unit changes no number.
 
 SIMD: Taichi 1.7 runs LLVM's IR optimisation with a generic x86-64 cost model (128-bit
 vectors, what the loop vectoriser picks), while the JIT's code generator targets the host
@@ -14,19 +21,22 @@ unscalarised: the state lives transposed, ``L`` tokens per vector (16 float32 / 
 bit-cast or call exp on those vectors, so the float32 exp is a polynomial of e^(z / 32)
 squared five times (``exp_clamped``).
 
-Layout per replica b (e < d, a < rank, jl < nbl groups of L tokens, npad = nbl L):
-    xt, st, kt_, at  (R, d, nbl)     state, stage state, stage velocity, RK4 sum (transposed)
-    qv       (R, H, r, nbl)          beta Q_h x_i over tokens (rows i in lanes)
-    ks, us   (R, H, n, r|rv)         K_h x_j, W_h x_j: scalars, broadcast against L rows
-    gv       (R, H, rv, nbl)         normalised pulls g_i = sum_j w_ij u_j
+Layout (e < d, a < rank, jl < nbl groups of L tokens, TR row vectors per register tile):
+    xt, st, kt, at  (R, d, nbl)      state, stage state, stage velocity, RK4 sum (transposed)
+    qv       (R, H, r, nblp)         beta Q_h x_i (rows i in lanes), nblp = nbl padded to TR
+    ks, us   (R, H, n, ceil(r/L))    K_h x_j, W_h x_j per token, the rank in lanes
+    kw, ww   (H, d, ceil(r/L))       K_h, W_h by columns, the rank in lanes
+    gv       (R, H, rv, nblp)        normalised pulls g_i = sum_j w_ij u_j
     fv       (R, H, d, nbl)          head outputs f^h_i = O_h g_i
-    rowv     (R, H, 3, nbl)          per token: row entropy, row energy, radial shadow a^h_i
-    zs       (R, TRF, n)             the scores of TRF L rows against every column
+    rowv     (R, H, 3, nblp)         per token: row entropy, row energy, radial shadow a^h_i
+    zs       (workers, TR, npad)     a worker's scores, then weights, of TR L rows
     mask     (nbl)                   1 for a token, 0 for padding
+    sync     (i64)                   the ticket counters, sched_yield's address, spin slots
 """
 
 import functools
 import math
+import warnings
 
 import taichi as ti
 
@@ -184,7 +194,10 @@ class FusedSteps:
                 sim._sumx, self.xt, self.st, self.kt, self.at, self.qv, self.ks, self.us, self.kw, self.ww, self.gv,
                 self.fv, self.rowv, self.zs, self.mask, self.sync, sim.dt, int(steps),
                 int(observe_every), int(sim.step_count), int(observe_now), int(slot), self.workers)
-        with kernels._compile_options(scalarize=False, active=not self._compiled):
+        with kernels._compile_options(scalarize=False, active=not self._compiled), \
+                warnings.catch_warnings():
+            # Taichi warns of any plain Python call in a kernel; cpu_yield is one on purpose
+            warnings.filterwarnings("ignore", message=".*cpu_yield", category=SyntaxWarning)
             self.kernel(*args)
         self._compiled = True
 
