@@ -68,9 +68,14 @@ EXP_DEGREE = 7     # Taylor degree of e^y there: truncation below the squarings'
 
 
 def _find_sched_yield():
-    """The address of libc's sched_yield, or None where there is none (not Linux)."""
+    """The address of libc's sched_yield on Linux x86-64 (where Taichi's call by address was
+    tried), else None: there a launch runs on one thread."""
     import ctypes
     import ctypes.util
+    import platform
+    import sys
+    if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "AMD64"):
+        return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
         return ctypes.cast(libc.sched_yield, ctypes.c_void_p).value
@@ -97,12 +102,16 @@ def cpu_yield():
 
 
 def available_threads() -> int:
-    """CPUs this process may run on (Taichi's pool has one thread per CPU of the machine)."""
+    """Threads worth starting: the CPUs this process may run on, at most Taichi's pool size
+    (``cpu_max_num_threads``, which a sweep lowers for its workers)."""
     import os
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     try:
-        return max(1, min(len(os.sched_getaffinity(0)), os.cpu_count() or 1))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+        from taichi.lang import impl
+        pool = int(impl.current_cfg().cpu_max_num_threads)
+    except Exception:  # Taichi not initialised: nothing to share a launch with yet
+        pool = 1
+    return max(1, min(cpus, pool))
 
 
 def fused_workers(n: int, H: int, r: int, rv: int, R: int) -> int:
