@@ -8,10 +8,12 @@ the Simulation's batch buffer).
 Threads: from PARALLEL_MIN_WORK of pair work the CPU's threads share the launch in phases
 (rows: finish an evaluation for a group of L tokens, update them, project them for the next;
 pairs: one head on one row group; reduce: one replica's observables), each ending at a
-barrier. Work units are tickets drawn from one counter over the whole launch: a thread that
-draws past its phase keeps the ticket for the phase it belongs to, so any number of threads
-finishes (one included) and no counter is reset. A waiting thread spins, then yields the
-core (``cpu_yield``). Which thread runs a unit changes no number.
+barrier. Units are claimed from the phase's counter, so whichever threads turn up do the
+work (one thread alone finishes it too). A thread that spins at a barrier for SPIN_LIMIT
+turns leaves the launch to the others: Taichi's pool threads sleep between launches and the
+OS sometimes wakes two on one core, where a spinning thread would hold the core for a whole
+time slice (~3 ms) while the thread it waits for cannot run. Which thread runs a unit
+changes no number.
 
 SIMD: Taichi 1.7 runs LLVM's IR optimisation with a generic x86-64 cost model (128-bit
 vectors, what the loop vectoriser picks), while the JIT's code generator targets the host
@@ -31,12 +33,11 @@ Layout (e < d, a < rank, jl < nbl groups of L tokens, TR row vectors per registe
     rowv     (R, H, 3, nblp)         per token: row entropy, row energy, radial shadow a^h_i
     zs       (workers, TR, npad)     a worker's scores, then weights, of TR L rows
     mask     (nbl)                   1 for a token, 0 for padding
-    sync     (i64)                   the ticket counters, sched_yield's address, spin slots
+    sync     (i64)                   per phase: claimed, done (a cache line each); spin slots
 """
 
 import functools
 import math
-import warnings
 
 import taichi as ti
 
@@ -59,46 +60,13 @@ FUSED_MAX_RANK = 64
 FUSED_MAX_D = 64
 PATHS = ("auto", "fused", "tiled")
 JB = 6         # columns per score tile of the pair pass (with TR = 3: 18 accumulators, as kernels_wide)
-CLAIM, DONE, ADDRESS, SPIN = 0, 8, 16, 24  # sync: counters, sched_yield, spin slots (own lines)
 PARALLEL_MIN_WORK = 1.5e6  # the replicas' pair work per evaluation from which threads share it
-SPINS_BEFORE_YIELD = 2000  # ~10 us of spinning at a barrier; then each spin yields (cpu_yield)
+MAX_SHARED_STEPS = 256  # steps per launch shared by threads (their phase counters are zeroed per launch)
+SHARED_LAUNCH_WORK = 1.5e9  # pair work per shared launch: ~10 ms on 2 cores (launch cost ~0.2 ms)
+SPIN_LIMIT = 50_000     # ~0.3 ms spinning at a barrier, then the worker leaves the launch (barrier)
 CLAMP = -30.0  # float32 weights below e^-30 relative to the row maximum are rounded up to it
 EXP_SQUARINGS = 5  # the float32 exp squares e^(z / 32): |z / 32| <= 0.94 for z >= CLAMP
 EXP_DEGREE = 7     # Taylor degree of e^y there: truncation below the squarings' rounding for z >= -10
-
-
-def _find_sched_yield():
-    """The address of libc's sched_yield on Linux x86-64 (where Taichi's call by address was
-    tried), else None: there a launch runs on one thread."""
-    import ctypes
-    import ctypes.util
-    import platform
-    import sys
-    if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "AMD64"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        return ctypes.cast(libc.sched_yield, ctypes.c_void_p).value
-    except (OSError, AttributeError, TypeError):
-        return None
-
-
-SCHED_YIELD = _find_sched_yield()
-YIELD_LOW, YIELD_HIGH = ((SCHED_YIELD or 0) & 0x7FFFFFFF), ((SCHED_YIELD or 0) >> 31)
-
-
-def cpu_yield():
-    """In a Taichi CPU kernel: a call to sched_yield(). Taichi's pool threads sleep between
-    launches, and the OS sometimes wakes two of them on one core; a worker spinning at a
-    barrier there would hold the core for a whole time slice (~3 ms) while the thread it
-    waits for cannot run. Taichi 1.7 calls a shared library's function by address (its
-    SourceBuilder mechanism); this inserts that call at compile time."""
-    from taichi._lib import core as ti_core
-    from taichi.lang import impl
-    from taichi.lang.expr import make_expr_group
-    impl.get_runtime().compiling_callable.ast_builder().insert_external_func_call(
-        SCHED_YIELD, "", "", "", make_expr_group([]), make_expr_group([]),
-        ti_core.DebugInfo(impl.get_runtime().get_current_src_info()))
 
 
 def available_threads() -> int:
@@ -118,8 +86,8 @@ def fused_workers(n: int, H: int, r: int, rv: int, R: int) -> int:
     """Threads sharing a fused launch: one below PARALLEL_MIN_WORK of pair work per evaluation
     (measured on 2 cores: at (64, 3, 2) and (128, 3, 2) two threads were slower, their barriers
     and the lines crossing cores costing more than the halved arithmetic; from (256, 3, 1) up
-    1.6-1.8x faster), and where sched_yield cannot be called."""
-    if SCHED_YIELD is None or R * pair_work(n, H, r, rv) < PARALLEL_MIN_WORK:
+    1.6-1.8x faster)."""
+    if R * pair_work(n, H, r, rv) < PARALLEL_MIN_WORK:
         return 1
     return available_threads()
 
@@ -190,7 +158,15 @@ class FusedSteps:
         self.rowv = varr(R, H, 3, nblp)  # entropy, row energy, radial a^h
         self.workers = workers = fused_workers(n, H, r, rv, R)
         self.zs = varr(workers, TR, npad)
-        self.sync = ti.ndarray(ti.i64, shape=(SPIN + 8 * workers,))
+        # per launch: short enough (~10 ms) that a launch whose threads lost each other (one
+        # left at a barrier, see ``barrier``) costs little; None: one thread, any length
+        stages = 4 if integrator == "rk4" else 1
+        self.max_steps = None if workers == 1 else \
+            max(4, min(MAX_SHARED_STEPS, int(SHARED_LAUNCH_WORK / (R * pair_work(n, H, r, rv) * stages))))
+        phases = 4 * (MAX_SHARED_STEPS * 4 + 1) + 1 if workers > 1 else 1
+        # per phase: claimed and done on lines of their own (a thread spinning on "done" must
+        # not take the line that the working thread claims from); then a spin slot per worker
+        self.sync = ti.ndarray(ti.i64, shape=(16 * phases + 8 * (workers + 1),))
         self.mask = varr(nbl)
         m = (np.arange(nbl * L) < n).astype(np.float32 if dtype == "float32" else np.float64)
         self.mask.from_numpy(m.reshape(nbl, L))
@@ -203,10 +179,7 @@ class FusedSteps:
                 sim._sumx, self.xt, self.st, self.kt, self.at, self.qv, self.ks, self.us, self.kw, self.ww, self.gv,
                 self.fv, self.rowv, self.zs, self.mask, self.sync, sim.dt, int(steps),
                 int(observe_every), int(sim.step_count), int(observe_now), int(slot), self.workers)
-        with kernels._compile_options(scalarize=False, active=not self._compiled), \
-                warnings.catch_warnings():
-            # Taichi warns of any plain Python call in a kernel; cpu_yield is one on purpose
-            warnings.filterwarnings("ignore", message=".*cpu_yield", category=SyntaxWarning)
+        with kernels._compile_options(scalarize=False, active=not self._compiled):
             self.kernel(*args)
         self._compiled = True
 
@@ -543,17 +516,33 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                     xt[b, e, jl] = xt[b, e, jl] * inv
 
     @ti.func
-    def wait_for(sync: ti.template(), count, worker):
-        """Spin until ``count`` work units of this launch are done. The counter is read by a
-        plain load (a locked read would take its cache line from the thread about to add to
-        it); an atomic on the worker's own line keeps the compiler from hoisting the load or
-        moving the next phase's loads above it."""
-        spins = 0
-        while sync[DONE] < count:
-            ti.atomic_add(sync[SPIN + 8 * worker], ti.cast(1, ti.i64))
-            spins += 1
-            if spins > SPINS_BEFORE_YIELD:
-                cpu_yield()
+    def claim(sync: ti.template(), phase, u, workers):
+        """The worker's next unit of the phase after unit u (u = -1: its first), marking u
+        done. One worker takes them in order, touching no counter."""
+        nxt = u + 1
+        if workers > 1:
+            if u >= 0:
+                ti.atomic_add(sync[16 * phase + 8], ti.cast(1, ti.i64))
+            nxt = ti.cast(ti.atomic_add(sync[16 * phase], ti.cast(1, ti.i64)), ti.i32)
+        return nxt
+
+    @ti.func
+    def barrier(sync: ti.template(), phase, total, workers, worker):
+        """Wait until the phase's ``total`` units are done; False when the worker gave up after
+        SPIN_LIMIT spins and must leave the launch (it holds no unit, so the others finish).
+        The counter is read by a plain load (a locked read would take its line from the
+        thread about to add to it); an atomic on the worker's own line keeps the compiler
+        from hoisting the load or moving the next phase's loads above it."""
+        ok = True
+        if workers > 1:
+            spins = 0
+            while sync[16 * phase + 8] < total:
+                ti.atomic_add(sync[sync.shape[0] - 8 * (workers + 1) + 8 * worker], ti.cast(1, ti.i64))
+                spins += 1
+                if spins > SPIN_LIMIT:
+                    ok = False
+                    break
+        return ok
 
     @ti.kernel
     def fused(x: arr3, Qf: arr3, Kf: arr3, Wf: arr3, Of: arr3, beta: arr1, xdot: arr3, tok: arr3,
@@ -565,49 +554,47 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
 
         ``workers`` threads share the work of every replica in phases (rows: the update and
         projections of a group of L tokens; pairs: one head on one row group; reduce: one
-        replica's observables), each phase ending at a barrier. Units are handed out by
-        tickets from one counter over the whole launch: a thread that draws a ticket past its
-        phase keeps it for the phase it belongs to, so any number of threads (one included)
-        finishes, and no counter is ever reset."""
-        sync[CLAIM] = ti.cast(0, ti.i64)
-        sync[DONE] = ti.cast(0, ti.i64)
-        # sched_yield's address differs per process (ASLR) but is compiled in as a constant:
-        # written here, it is part of the IR that Taichi's offline cache hashes, so a kernel
-        # cached by another process is never reused with a stale address.
-        sync[ADDRESS] = ti.cast(YIELD_LOW, ti.i64)
-        sync[ADDRESS + 1] = ti.cast(YIELD_HIGH, ti.i64)
+        replica's observables), each ending at a barrier; units are claimed from the phase's
+        counter, so whichever threads turn up finish, and a thread that waits too long leaves
+        (``barrier``)."""
+        if workers > 1:
+            evaluations = steps * STAGES if steps > 0 else 1
+            for p in range(ti.min(4 * (evaluations + 1) + 1, (sync.shape[0] - 8 * (workers + 1)) // 16)):
+                sync[16 * p] = ti.cast(0, ti.i64)
+                sync[16 * p + 8] = ti.cast(0, ti.i64)
         ti.loop_config(block_dim=1)  # a worker is a whole task
         for w in range(workers):
             R, n = x.shape[0], x.shape[1]
             nbl = mask.shape[0]
             ngroups = qv.shape[3] // TR
-            rows_total = ti.cast(R * nbl, ti.i64)
-            pairs_total = ti.cast(R * H * ngroups, ti.i64)
+            rows_total = R * nbl
+            pairs_total = R * H * ngroups
             evaluations = steps * STAGES if steps > 0 else 1
-            base = ti.cast(0, ti.i64)
-            ticket = ti.atomic_add(sync[CLAIM], ti.cast(1, ti.i64))
+            phase = 0
+            active = True  # False once this worker has left the launch
             slot = slot0
             observed_before = False  # evaluation e - 1 is observed
-            while ticket < base + H:  # K_h and W_h by columns, the rank over lanes
-                h = ti.cast(ticket - base, ti.i32)
+            u = claim(sync, phase, -1, workers)
+            while u < H:  # K_h and W_h by columns, the rank over lanes
                 for e in range(d):
                     for cc in range(kw.shape[2]):
                         v = splat(0)
                         for k in ti.static(range(L)):
                             if cc * L + k < r:
-                                v[k] = Kf[h, cc * L + k, e]
-                        kw[h, e, cc] = v
+                                v[k] = Kf[u, cc * L + k, e]
+                        kw[u, e, cc] = v
                     for cc in range(ww.shape[2]):
                         v = splat(0)
                         for k in ti.static(range(L)):
                             if cc * L + k < rv:
-                                v[k] = Wf[h, cc * L + k, e]
-                        ww[h, e, cc] = v
-                ti.atomic_add(sync[DONE], ti.cast(1, ti.i64))
-                ticket = ti.atomic_add(sync[CLAIM], ti.cast(1, ti.i64))
-            base += H
-            wait_for(sync, base, w)
+                                v[k] = Wf[u, cc * L + k, e]
+                        ww[u, e, cc] = v
+                u = claim(sync, phase, u, workers)
+            active = barrier(sync, phase, H, workers, w)
+            phase += 1
             for e in range(evaluations + 1):
+                if not active:
+                    break
                 observe = observe_now != 0
                 if steps > 0:
                     observe = e % STAGES == 0 and observe_every > 0 and \
@@ -615,9 +602,9 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                 # rows: finish evaluation e - 1 (xdot, observables), then, unless its
                 # observables still need the state, update and project for evaluation e
                 for rounds in range(2):
-                    if rounds == 0 or observed_before:
-                        while ticket < base + rows_total:
-                            u = ti.cast(ticket - base, ti.i32)
+                    if active and (rounds == 0 or observed_before):
+                        u = claim(sync, phase, -1, workers)
+                        while u < rows_total:
                             b, jl = u // nbl, u % nbl
                             if rounds == 0:
                                 if e == 0:
@@ -646,29 +633,27 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                                                     x[b, jl * L + k, comp] = v[k]
                                                 else:
                                                     xdot[b, jl * L + k, comp] = v[k]
-                            ti.atomic_add(sync[DONE], ti.cast(1, ti.i64))
-                            ticket = ti.atomic_add(sync[CLAIM], ti.cast(1, ti.i64))
-                        base += rows_total
-                        wait_for(sync, base, w)
-                    if rounds == 0 and observed_before:
+                            u = claim(sync, phase, u, workers)
+                        active = barrier(sync, phase, rows_total, workers, w)
+                        phase += 1
+                    if active and rounds == 0 and observed_before:
                         # reduce: the observables of evaluation e - 1, one replica per unit
-                        while ticket < base + R:
-                            reduce_into(ti.cast(ticket - base, ti.i32), slot, tok, st, red, sumx, n)
-                            ti.atomic_add(sync[DONE], ti.cast(1, ti.i64))
-                            ticket = ti.atomic_add(sync[CLAIM], ti.cast(1, ti.i64))
-                        base += R
-                        wait_for(sync, base, w)
+                        u = claim(sync, phase, -1, workers)
+                        while u < R:
+                            reduce_into(u, slot, tok, st, red, sumx, n)
+                            u = claim(sync, phase, u, workers)
+                        active = barrier(sync, phase, R, workers, w)
+                        phase += 1
                         slot += 1
-                if e < evaluations:  # pairs: one head on one row group per unit
-                    while ticket < base + pairs_total:
-                        u = ti.cast(ticket - base, ti.i32)
+                if active and e < evaluations:  # pairs: one head on one row group per unit
+                    u = claim(sync, phase, -1, workers)
+                    while u < pairs_total:
                         b, rest = u // (H * ngroups), u % (H * ngroups)
                         pair_group(b, rest // ngroups, rest % ngroups, w, observe, n, qv, ks, us,
                                    gv, rowv, zs)
-                        ti.atomic_add(sync[DONE], ti.cast(1, ti.i64))
-                        ticket = ti.atomic_add(sync[CLAIM], ti.cast(1, ti.i64))
-                    base += pairs_total
-                    wait_for(sync, base, w)
+                        u = claim(sync, phase, u, workers)
+                    active = barrier(sync, phase, pairs_total, workers, w)
+                    phase += 1
                 observed_before = observe
 
     return fused

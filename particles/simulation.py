@@ -407,11 +407,11 @@ class Simulation:
     def _advance_fused(self, steps: int, every: int) -> None:
         """Launches of as many whole steps as the batch buffer has slots for their rows."""
         while steps > 0:
-            chunk = steps
+            chunk = steps if self._fused.max_steps is None else min(steps, self._fused.max_steps)
             if every > 0:
                 free = self._batch - len(self._pending)
                 first = -self.step_count % every  # steps before the next logged one
-                chunk = min(steps, first + (free - 1) * every + 1)
+                chunk = min(chunk, first + (free - 1) * every + 1)
             self._fused(self, chunk, every, False, len(self._pending))
             self._logged_fused(self.step_count, chunk, every)
             self.step_count += chunk
