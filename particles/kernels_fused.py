@@ -473,16 +473,18 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
             red[slot, b, s, 1] = lo
             red[slot, b, s, 2] = hi
             red[slot, b, s, 3] = hi + ti.log(lse)
-        for e in range(d):
-            total = ti.cast(0, ti.f64)
-            for i in range(n):
-                il, k = i // L, i % L
-                norm2 = ti.cast(0, ti.f64)
-                for e2 in ti.static(range(d)):
-                    norm2 += ti.cast(y[b, e2, il][k], ti.f64) ** 2
-                if norm2 > 0:
-                    total += ti.cast(y[b, e, il][k], ti.f64) / ti.sqrt(norm2)
-            sumx[slot, b, e, 0] = total
+        total = ti.Vector.zero(ti.f64, d)  # each token's norm once (per component was O(n d^2))
+        for i in range(n):
+            il, k = i // L, i % L
+            norm2 = ti.cast(0, ti.f64)
+            for e2 in ti.static(range(d)):
+                norm2 += ti.cast(y[b, e2, il][k], ti.f64) ** 2
+            if norm2 > 0:
+                norm = ti.sqrt(norm2)
+                for e in ti.static(range(d)):
+                    total[e] += ti.cast(y[b, e, il][k], ti.f64) / norm
+        for e in ti.static(range(d)):
+            sumx[slot, b, e, 0] = total[e]
 
     @ti.func
     def rows_advance(b, jl, stage, dt, xt: ti.template(), st: ti.template(), kt: ti.template(),
