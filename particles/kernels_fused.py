@@ -184,6 +184,22 @@ class FusedSteps:
         self._compiled = True
 
 
+def lane_columns(real, L: int):
+    """A ti.func (F, h, e, cc, rank) -> the L-lane vector F[h, cc L + k, e] over k (zero past
+    rank): column e of a head's factor with its rank in lanes (shared with kernels_wide)."""
+    vec = ti.types.vector(L, real)
+
+    @ti.func
+    def column(F: ti.template(), h, e, cc, rank):
+        v = vec([ti.cast(0, real)] * L)
+        for k in ti.static(range(L)):
+            if cc * L + k < rank:
+                v[k] = F[h, cc * L + k, e]
+        return v
+
+    return column
+
+
 def vector_helpers(real, L: int):
     """(c, splat, vabs, exp_clamped) for L-lane Taichi vectors compiled unscalarised (shared
     with kernels_wide)."""
@@ -254,6 +270,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
     v3 = ti.types.ndarray(dtype=vec, ndim=3)
     v4 = ti.types.ndarray(dtype=vec, ndim=4)
     c, splat, vabs, exp_clamped = vector_helpers(real, L)
+    column = lane_columns(real, L)
 
     @ti.func
     def rows_project(b, jl, y: ti.template(), Qf: ti.template(), kw: ti.template(),
@@ -580,17 +597,9 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
             while u < H:  # K_h and W_h by columns, the rank over lanes
                 for e in range(d):
                     for cc in range(kw.shape[2]):
-                        v = splat(0)
-                        for k in ti.static(range(L)):
-                            if cc * L + k < r:
-                                v[k] = Kf[u, cc * L + k, e]
-                        kw[u, e, cc] = v
+                        kw[u, e, cc] = column(Kf, u, e, cc, r)
                     for cc in range(ww.shape[2]):
-                        v = splat(0)
-                        for k in ti.static(range(L)):
-                            if cc * L + k < rv:
-                                v[k] = Wf[u, cc * L + k, e]
-                        ww[u, e, cc] = v
+                        ww[u, e, cc] = column(Wf, u, e, cc, rv)
                 u = claim(sync, phase, u, workers)
             active = barrier(sync, phase, H, workers, w)
             phase += 1

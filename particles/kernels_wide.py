@@ -25,7 +25,7 @@ import numpy as np
 import taichi as ti
 
 from . import kernels
-from .kernels_fused import CLAMP, vector_helpers
+from .kernels_fused import CLAMP, lane_columns, vector_helpers
 
 WIDE_MIN_N = 512   # from this many tokens the wide pass replaces FastHeads (benchmarks/step.py)
 TR = 3             # row vectors per register tile (tuned at (2048, 64, 8): 3 x 6 > 2 x 4)
@@ -100,6 +100,7 @@ def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: 
     v3 = ti.types.ndarray(dtype=vec, ndim=3)
     v4 = ti.types.ndarray(dtype=vec, ndim=4)
     c, splat, vabs, exp_clamped = vector_helpers(real, L)
+    column = lane_columns(real, L)
 
     @ti.func
     def clamp(z):
@@ -129,17 +130,9 @@ def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: 
         R, n = x.shape[0], x.shape[1]
         for e in range(d):  # K_h and W_h by columns, the rank in lanes
             for cc in range(kw.shape[1]):
-                v = splat(0)
-                for k in ti.static(range(L)):
-                    if cc * L + k < r:
-                        v[k] = Kf[h, cc * L + k, e]
-                kw[e, cc] = v
+                kw[e, cc] = column(Kf, h, e, cc, r)
             for cc in range(ww.shape[1]):
-                v = splat(0)
-                for k in ti.static(range(L)):
-                    if cc * L + k < rv:
-                        v[k] = Wf[h, cc * L + k, e]
-                ww[e, cc] = v
+                ww[e, cc] = column(Wf, h, e, cc, rv)
         ti.loop_config(block_dim=1)
         for b, jl in ti.ndrange(R, qv.shape[2]):  # AB components at a time share each load of x
             bt = beta[b]
