@@ -63,7 +63,7 @@ JB = 6         # columns per score tile of the pair pass (with TR = 3: 18 accumu
 PARALLEL_MIN_WORK = 1.5e6  # the replicas' pair work per evaluation from which threads share it
 MAX_SHARED_STEPS = 256  # steps per launch shared by threads (their phase counters are zeroed per launch)
 SHARED_LAUNCH_WORK = 1.5e9  # pair work per shared launch: ~10 ms on 2 cores (launch cost ~0.2 ms)
-SPIN_LIMIT = 50_000     # ~0.3 ms spinning at a barrier, then the worker leaves the launch (barrier)
+SPIN_LIMIT = 50_000     # ~0.5 ms spinning at a barrier, then the worker leaves the launch (barrier)
 CLAMP = -30.0  # float32 weights below e^-30 relative to the row maximum are rounded up to it
 EXP_SQUARINGS = 5  # the float32 exp squares e^(z / 32): |z / 32| <= 0.94 for z >= CLAMP
 EXP_DEGREE = 7     # Taylor degree of e^y there: truncation below the squarings' rounding for z >= -10
@@ -175,6 +175,8 @@ class FusedSteps:
     def __call__(self, sim, steps: int, observe_every: int, observe_now: bool, slot: int) -> None:
         """steps > 0: advance; steps == 0: xdot at the current state (observed if observe_now,
         reduced into batch slot ``slot``)."""
+        if self.max_steps is not None and steps > self.max_steps:  # the phase counters' size
+            raise ValueError(f"a shared fused launch takes at most {self.max_steps} steps, got {steps}")
         args = (sim._x, sim._Q, sim._K, sim._W, sim._O, sim._beta, sim._xdot, sim._tok, sim._red,
                 sim._sumx, self.xt, self.st, self.kt, self.at, self.qv, self.ks, self.us, self.kw, self.ww, self.gv,
                 self.fv, self.rowv, self.zs, self.mask, self.sync, sim.dt, int(steps),
