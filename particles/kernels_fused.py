@@ -265,7 +265,6 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
     vec = ti.types.vector(L, real)
     arr1 = ti.types.ndarray(dtype=real, ndim=1)
     arr3 = ti.types.ndarray(dtype=real, ndim=3)
-    arr4 = ti.types.ndarray(dtype=real, ndim=4)
     f64arr4 = ti.types.ndarray(dtype=ti.f64, ndim=4)
     v1 = ti.types.ndarray(dtype=vec, ndim=1)
     i64arr1 = ti.types.ndarray(dtype=ti.i64, ndim=1)

@@ -98,7 +98,6 @@ def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: 
     arr4 = ti.types.ndarray(dtype=real, ndim=4)
     v2 = ti.types.ndarray(dtype=vec, ndim=2)
     v3 = ti.types.ndarray(dtype=vec, ndim=3)
-    v4 = ti.types.ndarray(dtype=vec, ndim=4)
     c, splat, vabs, exp_clamped = vector_helpers(real, L)
     column = lane_columns(real, L)
 
