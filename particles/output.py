@@ -54,15 +54,21 @@ def write_json(path: Path, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
 
 
+def _read_run_text(path: Path, what: str, missing: Exception) -> str:
+    """A run file's text; ``missing`` raised if it does not exist, RunFileError if it cannot be
+    read (``what`` prefixes the path in that message)."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise missing from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise RunFileError(f"{what}{str(path)!r} cannot be read: {err}") from None
+
+
 def read_json(path: Path) -> dict:
     """A JSON object from a run file, or RunFileError saying what is wrong with it."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise RunFileError(f"{str(path)!r} is missing") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise RunFileError(f"{str(path)!r} cannot be read: {err}") from None
+    text = _read_run_text(path, "", RunFileError(f"{str(path)!r} is missing"))
     if not text.strip():
         raise RunFileError(f"{str(path)!r} is empty (the run that wrote it was cut off)")
     try:
@@ -287,16 +293,10 @@ def load_trajectory(path: str | Path):
 def load_log(path: str | Path) -> dict[str, np.ndarray]:
     """The CSV log as a dict column -> float array: the one log reader (NumPy only;
     pandas.read_csv works too). ``path``: log.csv or the run directory holding it."""
-    import warnings
     path = Path(path)
     if path.is_dir():
         path = path / "log.csv"
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no log at {str(path)!r}") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise RunFileError(f"log {str(path)!r} cannot be read: {err}") from None
+    text = _read_run_text(path, "log ", FileNotFoundError(f"no log at {str(path)!r}"))
     lines = text.splitlines()
     if not lines or not lines[0].strip():
         raise RunFileError(f"log {str(path)!r} is empty: it has no header row")
