@@ -44,3 +44,10 @@ def rel_err(a, b):
 @pytest.fixture
 def tmp_run_dir(tmp_path):
     return tmp_path / "run"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say which comparison the golden runs made (bitwise on the recording machine)."""
+    module = sys.modules.get("test_golden")
+    for line in getattr(module, "GOLDEN_MODES", []):
+        terminalreporter.write_line(line)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from particles import __version__
+from particles import __version__, machine
 from particles.drive import Driver, Stopped
 from particles.observables import columns
 from particles.output import RunFileError, atomic_write_text, chunk_name, refuse_link, remove_file, write_json
@@ -209,9 +209,10 @@ class Runner:
         info = {"scene": self.scene.name, "status": status, "steps_total": self.steps_total,
                 "steps_done": sim.step_count, "arch_requested": self.scene.dynamics.arch, "arch": sim.arch,
                 "dtype": sim.dtype, "seed": self.scene.tokens.seed,
-                "versions": _versions(), "files": {"log": "log.csv", "scene": "scene.toml",
-                                                   "trajectory": "trajectory" if self.traj else None,
-                                                   "video": self.video_path.name if self.video_path else None},
+                "versions": _versions(), "machine": machine.fingerprint(),
+                "files": {"log": "log.csv", "scene": "scene.toml",
+                          "trajectory": "trajectory" if self.traj else None,
+                          "video": self.video_path.name if self.video_path else None},
                 "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
         info.update(extra or {})
         try:
