@@ -36,6 +36,26 @@ def symmetric_heads(H, d, seed=0, scale=1.0):
     return out
 
 
+def engine_matrix(paths=("fused", "tiled"), rules=("exp", "softmax", "relu")):
+    """(rule, H, geometry, dtype, path) for every combination; the fast tier (-m "not slow")
+    keeps, on each path, each rule once, with dtype, geometry and H each taking both values
+    among them (each combination compiles its own kernels, the suite's main cost)."""
+    import itertools
+    fast = set()
+    rotations = [("float64", "sphere", 1), ("float32", "flat", 3), ("float32", "sphere", 3), ("float64", "flat", 1)]
+    for p_i, path in enumerate(paths):
+        for r_i, rule in enumerate(rules):
+            dtype, geometry, H = rotations[(p_i + r_i) % len(rotations)]
+            fast.add((rule, H, geometry, dtype, path))
+    out = []
+    for rule, H, geometry, dtype, path in itertools.product(rules, (1, 3), ("sphere", "flat"),
+                                                             ("float64", "float32"), paths):
+        key = (rule, H, geometry, dtype, path)
+        out.append(pytest.param(*key, id="-".join(map(str, key)),
+                                marks=() if key in fast else pytest.mark.slow))
+    return out
+
+
 def rel_err(a, b):
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))

@@ -4,16 +4,12 @@ import pytest
 
 import particles
 import reference as ref
-from conftest import RTOL, general_heads, random_tokens, rel_err, symmetric_heads
+from conftest import engine_matrix, RTOL, general_heads, random_tokens, rel_err, symmetric_heads
 
 RULES = ("exp", "softmax", "relu")
 
 
-@pytest.mark.parametrize("path", ["fused", "tiled"])
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("geometry", ["sphere", "flat"])
-@pytest.mark.parametrize("H", [1, 3])
-@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("rule, H, geometry, dtype, path", engine_matrix())
 def test_velocity_and_one_step_match_reference(rule, H, geometry, dtype, path):
     n, d, beta, dt = 13, 5, 1.3, 0.05
     x = random_tokens(n, d, seed=H)

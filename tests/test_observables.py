@@ -6,7 +6,7 @@ import pytest
 
 import particles
 import reference as ref
-from conftest import general_heads, random_tokens, symmetric_heads
+from conftest import engine_matrix, general_heads, random_tokens, symmetric_heads
 from particles.observables import columns, pairwise_extremes
 from row_checks import assert_row_matches
 
@@ -21,11 +21,7 @@ def observed_row(x, heads, beta, rule, geometry, dtype="float64", entropy_rate=F
     return sim, row
 
 
-@pytest.mark.parametrize("path", ["fused", "tiled"])
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("geometry", ["sphere", "flat"])
-@pytest.mark.parametrize("H", [1, 3])
-@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("rule, H, geometry, dtype, path", engine_matrix())
 def test_every_quantity_matches_reference(rule, H, geometry, dtype, path):
     n, d, beta = 14, 5, 1.2
     x = random_tokens(n, d, seed=H + 1)
