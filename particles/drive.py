@@ -285,7 +285,18 @@ class Driver:
             self.drain()
             for w in current:
                 w.on_state(state)
+        if stepped:
+            # the step from s was taken without the timed drain (row s had to wait for the
+            # writers of state s); every writer has now seen state s, so hand rows out here:
+            # at a stop on every step this is the only place the loop drains while it runs
+            self._timed_drain()
         return stepped
+
+    def _timed_drain(self) -> None:
+        now = time.perf_counter()
+        if now - self._last_flush > self.flush_seconds:
+            self.drain()
+            self._last_flush = now
 
 
 def drive(sim, writers, end: int, **options) -> Driver:

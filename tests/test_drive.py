@@ -102,3 +102,25 @@ def test_a_blow_up_stops_the_loop_at_a_check():
     with pytest.raises(BlowUpError):
         drive(sim, [Rows(Every(1))], 200, check_every=5)
     assert sim.step_count % 5 == 0 and sim.step_count < 200
+
+
+@pytest.mark.parametrize("every", [1, 2, 3])
+def test_rows_are_handed_out_while_the_loop_runs_at_every_cadence(every):
+    """A stop at every step (a writer wanting tokens at each state) once held every row
+    until the end: the fused step from a stop skipped the timed drain (issue 27)."""
+    from particles.drive import Driver
+    sim = make_sim()
+    log = Spy(NEVER, observe=Every(every))
+    seen = []
+
+    class Watch(Spy):
+        def on_state(self, state):
+            seen.append((state.step, len(log.rows)))
+
+    watch = Watch(Every(every), needs={"tokens"})
+    Driver(sim, [watch, log], 20, flush_seconds=0.0).run()
+    assert [r["step"] for r in log.rows] == list(range(0, 21, every))
+    # by state s, every row observed before it has reached the log
+    for step, rows in seen:
+        if step > every:
+            assert rows >= step // every - 1, (step, rows)
