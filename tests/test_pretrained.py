@@ -1,0 +1,319 @@
+"""Real heads (particles/pretrained.py): tiny random checkpoints in the BERT, GPT-2 and LLaMA
+layouts (NumPy arrays written with safetensors, a config.json; no torch, no download) and the
+mapping held exact: the engine's velocity (flat geometry, softmax, beta = 1, one evaluation,
+no tangent projection) equals the attention layer computed here directly from the arrays."""
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+tokenizers = pytest.importorskip("tokenizers")
+
+import particles  # noqa: E402
+from particles import pretrained as P  # noqa: E402
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "cat", "sat", "on", "mat", "a", "dog", "."]
+
+
+def _tokenizer(folder: Path, special: bool):
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    if special:
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tok.save(str(folder / "tokenizer.json"))
+
+
+def make_checkpoint(folder: Path, layout: str, d=8, H=4, Hkv=None, layers=2, positions=16,
+                    seed=0, dtype=np.float32, bias=True, prefix=""):
+    """A random checkpoint of the layout in ``folder``; returns the arrays (float64) by name."""
+    rng = np.random.default_rng(seed)
+    dh = d // H
+    Hkv = Hkv or H
+    t = {}
+
+    def w(*shape):
+        return rng.standard_normal(shape) / math.sqrt(shape[-1])
+
+    if layout == "bert":
+        cfg = {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": d,
+               "num_attention_heads": H, "num_hidden_layers": layers, "layer_norm_eps": 1e-12,
+               "max_position_embeddings": positions, "vocab_size": len(VOCAB), "type_vocab_size": 2}
+        t["embeddings.word_embeddings.weight"] = w(len(VOCAB), d)
+        t["embeddings.position_embeddings.weight"] = w(positions, d)
+        t["embeddings.token_type_embeddings.weight"] = w(2, d)
+        t["embeddings.LayerNorm.weight"] = 1 + 0.1 * rng.standard_normal(d)
+        t["embeddings.LayerNorm.bias"] = 0.1 * rng.standard_normal(d)
+        for l in range(layers):
+            b = f"encoder.layer.{l}.attention."
+            for name in ("self.query", "self.key", "self.value", "output.dense"):
+                t[f"{b}{name}.weight"] = w(d, d)
+                if bias:
+                    t[f"{b}{name}.bias"] = 0.1 * rng.standard_normal(d)
+            t[f"encoder.layer.{l}.output.LayerNorm.weight"] = 1 + 0.1 * rng.standard_normal(d)
+    elif layout == "gpt2":
+        cfg = {"model_type": "gpt2", "n_embd": d, "n_head": H, "n_layer": layers,
+               "n_positions": positions, "vocab_size": len(VOCAB)}
+        t["wte.weight"] = w(len(VOCAB), d)
+        t["wpe.weight"] = w(positions, d)
+        for l in range(layers):
+            t[f"h.{l}.attn.c_attn.weight"] = w(d, 3 * d)
+            t[f"h.{l}.attn.c_proj.weight"] = w(d, d)
+            t[f"h.{l}.ln_1.weight"] = 1 + 0.1 * rng.standard_normal(d)
+            if bias:
+                t[f"h.{l}.attn.c_attn.bias"] = 0.1 * rng.standard_normal(3 * d)
+                t[f"h.{l}.attn.c_proj.bias"] = 0.1 * rng.standard_normal(d)
+    else:
+        cfg = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": d,
+               "num_attention_heads": H, "num_key_value_heads": Hkv, "num_hidden_layers": layers,
+               "max_position_embeddings": positions, "rope_theta": 10000.0,
+               "vocab_size": len(VOCAB)}
+        t["embed_tokens.weight"] = w(len(VOCAB), d)
+        for l in range(layers):
+            b = f"layers.{l}.self_attn."
+            t[b + "q_proj.weight"] = w(H * dh, d)
+            t[b + "k_proj.weight"] = w(Hkv * dh, d)
+            t[b + "v_proj.weight"] = w(Hkv * dh, d)
+            t[b + "o_proj.weight"] = w(d, H * dh)
+            t[f"layers.{l}.input_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(d)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    stored = {prefix + k: np.ascontiguousarray(v.astype(dtype)) for k, v in t.items()}
+    safetensors_numpy.save_file(stored, str(folder / "model.safetensors"))
+    _tokenizer(folder, special=layout == "bert")
+    return {k: v.astype(dtype).astype(np.float64) for k, v in t.items()}
+
+
+def layer_output(t, layout, layer, x, d, H, Hkv=None):
+    """The attention layer written plainly in each layout's own convention (biases zero)."""
+    Hkv = Hkv or H
+    dh = d // H
+    n = x.shape[0]
+    if layout == "bert":
+        b = f"encoder.layer.{layer}.attention."
+        q = x @ t[b + "self.query.weight"].T          # nn.Linear: y = x W^T
+        k = x @ t[b + "self.key.weight"].T
+        v = x @ t[b + "self.value.weight"].T
+        wo = t[b + "output.dense.weight"]
+        causal = False
+    elif layout == "gpt2":
+        qkv = x @ t[f"h.{layer}.attn.c_attn.weight"]  # Conv1D: y = x W
+        q, k, v = qkv[:, :d], qkv[:, d:2 * d], qkv[:, 2 * d:]
+        wo = t[f"h.{layer}.attn.c_proj.weight"].T
+        causal = True
+    else:
+        b = f"layers.{layer}.self_attn."
+        q, k, v = (x @ t[b + p + "_proj.weight"].T for p in "qkv")
+        wo = t[b + "o_proj.weight"]
+        causal = True
+    q = q.reshape(n, H, dh).transpose(1, 0, 2)
+    k = np.repeat(k.reshape(n, Hkv, dh).transpose(1, 0, 2), H // Hkv, axis=0)
+    v = np.repeat(v.reshape(n, Hkv, dh).transpose(1, 0, 2), H // Hkv, axis=0)
+    s = q @ k.transpose(0, 2, 1) / math.sqrt(dh)
+    if causal:
+        s = np.where(np.tril(np.ones((n, n), dtype=bool)), s, -np.inf)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    return (p @ v).transpose(1, 0, 2).reshape(n, H * dh) @ wo.T
+
+
+def engine_velocity(lh, x):
+    att = particles.Attention(mask="causal") if lh.causal else None
+    sim = particles.Simulation(x, lh.heads, beta=1.0, rule="softmax", geometry="flat",
+                               dtype="float64", attention=att)
+    return sim.velocity()
+
+
+CASES = [("bert", 4, None, ""), ("bert", 4, None, "bert."), ("gpt2", 4, None, "transformer."),
+         ("llama", 4, 4, "model."), ("llama", 4, 2, "model."), ("llama", 4, 1, "")]
+
+
+@pytest.mark.parametrize("layout, H, Hkv, prefix", CASES)
+def test_engine_velocity_is_the_attention_layer(tmp_path, layout, H, Hkv, prefix):
+    d, n = 8, 7
+    t = make_checkpoint(tmp_path / "m", layout, d=d, H=H, Hkv=Hkv, prefix=prefix, dtype=np.float64)
+    x = np.random.default_rng(5).standard_normal((n, d))   # flat: any inputs, not unit
+    for layer in (0, 1):
+        want = layer_output(t, layout, layer, x, d, H, Hkv)
+        lh = P.load_heads(tmp_path / "m", layer, rotary="drop")
+        assert len(lh.heads) == H and all(h.score_rank == d // H for h in lh.heads)
+        got = engine_velocity(lh, x)
+        err = np.max(np.abs(got - want))
+        assert err < 1e-12 * max(1.0, np.max(np.abs(want))), err
+        # the module's own direct computation agrees too
+        assert np.max(np.abs(P.attention_reference(tmp_path / "m", layer, x) - want)) < 1e-12
+
+
+def test_head_selection_sums_to_the_selected_heads(tmp_path):
+    d, n = 8, 6
+    make_checkpoint(tmp_path / "m", "bert", d=d, H=4, dtype=np.float64)
+    x = np.random.default_rng(1).standard_normal((n, d))
+    full = P.load_heads(tmp_path / "m", 0)
+    some = P.load_heads(tmp_path / "m", 0, heads=[1, 3])
+    assert some.indices == [1, 3]
+    for a, b in zip(some.heads, [full.heads[1], full.heads[3]]):
+        assert np.array_equal(a.score, b.score) and np.array_equal(a.value, b.value)
+
+
+def test_value_score_replaces_v_by_m_and_fold_scales_by_the_gain(tmp_path):
+    t = make_checkpoint(tmp_path / "m", "gpt2", d=8, H=2, dtype=np.float64)
+    lh = P.load_heads(tmp_path / "m", 1, value="score")
+    for h in lh.heads:
+        assert np.allclose(h.value, h.score)
+    plain = P.load_heads(tmp_path / "m", 1)
+    folded = P.load_heads(tmp_path / "m", 1, fold_layernorm=True)
+    g = t["h.1.ln_1.weight"]
+    assert folded.folded == "h.1.ln_1"
+    assert any("folded" in s for s in folded.notes)
+    for a, b in zip(plain.heads, folded.heads):
+        assert np.allclose(b.score, g[:, None] * a.score * g[None, :], rtol=1e-12, atol=1e-14)
+        assert np.allclose(b.value, a.value * g[None, :], rtol=1e-12, atol=1e-14)
+
+
+def test_biases_are_reported_not_dropped_silently(tmp_path):
+    make_checkpoint(tmp_path / "m", "bert", d=8, H=2)
+    lh = P.load_heads(tmp_path / "m", 0)
+    assert set(lh.bias_ratio) == {"query", "key", "value", "output"}
+    assert all(r > 0 for r in lh.bias_ratio.values())
+    assert any("biases dropped" in s for s in lh.notes)
+    make_checkpoint(tmp_path / "nb", "bert", d=8, H=2, bias=False)
+    assert P.load_heads(tmp_path / "nb", 0).bias_ratio == {}
+
+
+def test_rotary_is_refused_unless_dropped(tmp_path):
+    make_checkpoint(tmp_path / "m", "llama", d=8, H=4, Hkv=2)
+    with pytest.raises(P.PretrainedError, match="rotary.*rotary = 'drop'"):
+        P.load_heads(tmp_path / "m", 0)
+    lh = P.load_heads(tmp_path / "m", 0, rotary="drop")
+    assert any("rotary" in s for s in lh.notes)
+
+
+def test_text_tokens_are_the_models_embeddings(tmp_path):
+    t = make_checkpoint(tmp_path / "m", "bert", d=8, H=2, dtype=np.float64)
+    tt = P.text_tokens(tmp_path / "m", "the cat sat", layernorm=False, sphere=False)
+    assert tt.strings == ["[CLS]", "the", "cat", "sat", "[SEP]"]
+    ids = [2, 4, 5, 6, 3]
+    want = (t["embeddings.word_embeddings.weight"][ids] + t["embeddings.position_embeddings.weight"][:5]
+            + t["embeddings.token_type_embeddings.weight"][0])
+    assert np.allclose(tt.x, want, rtol=0, atol=1e-14)
+    ln = P.text_tokens(tmp_path / "m", "the cat sat", layernorm=True, sphere=True)
+    assert np.allclose(np.linalg.norm(ln.x, axis=1), 1.0)
+    mu, sd = want.mean(1, keepdims=True), want.std(1, keepdims=True)
+    y = (want - mu) / np.sqrt(sd ** 2 + 1e-12) * t["embeddings.LayerNorm.weight"] + t["embeddings.LayerNorm.bias"]
+    assert np.allclose(ln.x, y / np.linalg.norm(y, axis=1, keepdims=True), atol=1e-12)
+    g = make_checkpoint(tmp_path / "g", "gpt2", d=8, H=2, dtype=np.float64)
+    gt = P.text_tokens(tmp_path / "g", "a dog", sphere=False)
+    assert gt.strings == ["a", "dog"]
+    assert np.allclose(gt.x, g["wte.weight"][[9, 10]] + g["wpe.weight"][:2], atol=1e-14)
+
+
+def test_head_table_asymmetry_and_alignment(tmp_path):
+    make_checkpoint(tmp_path / "m", "bert", d=8, H=2, dtype=np.float64)
+    lh = P.load_heads(tmp_path / "m", 0)
+    x = P.text_tokens(tmp_path / "m", "the cat sat on the mat").x
+    rows = P.head_table(lh, x)
+    for row, h in zip(rows, lh.heads):
+        m = h.score
+        assert row["rank"] == 4
+        assert row["asymmetry"] == pytest.approx(np.linalg.norm(m - m.T) / np.linalg.norm(m + m.T))
+        assert -1 <= row["value_alignment"] <= 1
+        assert row["rho_t0"] >= 0 and 0 <= row["min_angle_deg"] <= 90
+    aligned = P.head_table(P.load_heads(tmp_path / "m", 0, value="score"))
+    assert all(r["value_alignment"] == pytest.approx(1.0) for r in aligned)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def test_folder_without_config(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(P.PretrainedError, match="has no config.json"):
+        P.load_heads(tmp_path / "empty", 0)
+
+
+def test_unknown_architecture(tmp_path):
+    make_checkpoint(tmp_path / "m", "bert", d=8, H=2)
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "t5", "architectures": ["T5Model"]}))
+    with pytest.raises(P.PretrainedError, match=r"config.json' key 'model_type': unknown architecture 't5'"):
+        P.load_heads(tmp_path / "m", 0)
+
+
+def test_layer_and_head_out_of_range(tmp_path):
+    make_checkpoint(tmp_path / "m", "bert", d=8, H=2, layers=2)
+    with pytest.raises(P.PretrainedError, match=r"layer 2 is out of range; the model has 2 layers \(0..1\)"):
+        P.load_heads(tmp_path / "m", 2)
+    with pytest.raises(P.PretrainedError, match=r"head 5 is out of range; the model has 2 heads"):
+        P.load_heads(tmp_path / "m", 0, heads=[0, 5])
+
+
+@pytest.mark.parametrize("dtype, name", [(np.float16, "float16"), ("bfloat16", "bfloat16")])
+def test_half_precision_is_converted_and_said(tmp_path, dtype, name):
+    if dtype == "bfloat16":
+        # write float32 then keep the top 16 bits of each value as a BF16 tensor
+        t = make_checkpoint(tmp_path / "m", "bert", d=8, H=2, dtype=np.float32)
+        f = tmp_path / "m" / "model.safetensors"
+        header_len = int.from_bytes(f.read_bytes()[:8], "little")
+        header = json.loads(f.read_bytes()[8:8 + header_len])
+        header.pop("__metadata__", None)
+        blobs, off, new = [], 0, {}
+        for k in sorted(header):
+            arr = np.ascontiguousarray(t[k].astype(np.float32))
+            bf = (arr.view(np.uint32) >> 16).astype("<u2").tobytes()
+            new[k] = {"dtype": "BF16", "shape": list(arr.shape), "data_offsets": [off, off + len(bf)]}
+            blobs.append(bf)
+            off += len(bf)
+        hj = json.dumps(new).encode()
+        f.write_bytes(len(hj).to_bytes(8, "little") + hj + b"".join(blobs))
+        tol = 1e-2
+    else:
+        make_checkpoint(tmp_path / "m", "bert", d=8, H=2, dtype=dtype)
+        tol = 1e-3
+    lh = P.load_heads(tmp_path / "m", 0)
+    assert any(f"converted from {name}" in s for s in lh.notes)
+    ref = make_checkpoint(tmp_path / "r", "bert", d=8, H=2, dtype=np.float64)
+    want = P.load_heads(tmp_path / "r", 0)
+    for a, b in zip(lh.heads, want.heads):
+        assert np.allclose(a.score, b.score, atol=tol * 4)
+
+
+def test_text_longer_than_the_positions(tmp_path):
+    make_checkpoint(tmp_path / "m", "bert", d=8, H=2, positions=6)
+    with pytest.raises(P.PretrainedError, match=r"text: 9 tokens, longer than the model's 6 positions"):
+        P.text_tokens(tmp_path / "m", "the cat sat on the mat .")
+
+
+def test_missing_model_names_the_install(tmp_path):
+    with pytest.raises(P.PretrainedError, match="no such folder"):
+        P.load_heads(tmp_path / "nope" / "x", 0)
+    with pytest.raises(P.PretrainedError, match="neither a folder nor an installed package"):
+        P.load_heads("surely_not_an_installed_model_pkg", 0)
+
+
+# ----------------------------------------------------------------------------- the real model
+
+def _minilm():
+    try:
+        return P.resolve_model(P.MINILM_PACKAGE)
+    except P.PretrainedError:
+        return None
+
+
+needs_minilm = pytest.mark.skipif(_minilm() is None, reason=f"MiniLM not installed ({P.MINILM_INSTALL})")
+
+
+@needs_minilm
+def test_minilm_table_asymmetry_matches_the_weights():
+    from safetensors.numpy import load_file
+    folder = _minilm()
+    w = load_file(str(folder / "model.safetensors"))
+    lh = P.load_heads(folder, 2, heads=[0, 5])
+    rows = P.head_table(lh)
+    for row, h in zip(rows, (0, 5)):
+        q = w["encoder.layer.2.attention.self.query.weight"][h * 32:(h + 1) * 32].astype(np.float64)
+        k = w["encoder.layer.2.attention.self.key.weight"][h * 32:(h + 1) * 32].astype(np.float64)
+        m = q.T @ k / math.sqrt(32)
+        assert row["asymmetry"] == pytest.approx(np.linalg.norm(m - m.T) / np.linalg.norm(m + m.T), rel=1e-10)
+        assert row["rank"] == 32
