@@ -23,7 +23,8 @@ _EXPORTS = {
     "ArchError": "backend",
     "load_log": "output", "load_trajectory": "output",
     "Result": "result", "Trajectory": "result",
-    "theory": None, "clusters": None,
+    "ExplicitRK": "integrators",
+    "theory": None, "clusters": None, "paths": None, "integrators": None, "machine": None,
 }
 # the application layer's entry points, for notebooks (imported on first use)
 _APP_EXPORTS = {"run_scene": "particles.app.run", "resume_run": "particles.app.run",

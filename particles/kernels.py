@@ -387,33 +387,10 @@ class KernelSet:
         if not serial:  # per-block partial reductions (float32 on SPIR-V), see kernels_gpu
             self.reduce = kernels_gpu.Reduce(n_slots, d, SLOTS_PER_HEAD, SLOT_ROW_ENERGY)
         self.axpy, self.accumulate, self.retract, self.finite_check = axpy, accumulate, retract, finite_check
-        self.has_potential = has_potential
         self.exponential = exponential
-        self._spec = (real, d, H, r, rv, softmax_norm)
-        self._gpu_spec = (rule, dtype, d, H, r, rv, features)
+        self.spec = (real, d, H, r, rv, softmax_norm)
+        self.gpu_spec = (rule, dtype, d, H, r, rv, features)
         self.features = features
-
-    def head_pass(self, n_replicas: int, n: int, keep_qk: bool = False, plain: bool = False):
-        """The head outputs f (and row statistics) for R replicas of n tokens, as one call
-        ``(x, Q, K, W, O, q, k, u, beta, g, f, row, observe)``: project, pair, head_out, or,
-        for exponential rules on the CPU, the tiled ``FastHeads`` (tuned for CPU SIMD; it
-        keeps q, k only if keep_qk; from ``kernels_wide.WIDE_MIN_N`` tokens the wide pass).
-        plain: the plain kernels whatever the rule and arch."""
-        if plain:
-            return PlainHeads(self)
-        cpu = ti.lang.impl.current_cfg().arch in (ti.x64, ti.arm64)
-        if self.exponential and cpu and not self.features.any:
-            from .kernels_wide import WIDE_MIN_N, WideHeads
-            if n >= WIDE_MIN_N and not keep_qk:
-                return WideHeads(self._spec, n_replicas, n)
-            return FastHeads(self._spec, n_replicas, n, keep_qk)
-        if self.exponential and cpu and not self.features.filtered:
-            # masks, ALiBi and per-head betas on the tiled path: it walks only the key blocks
-            # a row tile can see; heads with different rules take the plain kernels
-            return FastHeads(self._spec, n_replicas, n, keep_qk, features=self.features)
-        if backend.is_gpu():  # keys tiled through shared memory
-            return kernels_gpu.TiledHeads(self, *self._gpu_spec)
-        return PlainHeads(self)
 
 
 class PlainHeads:

@@ -38,27 +38,17 @@ Layout (e < d, a < rank, jl < nbl groups of L tokens, TR row vectors per registe
 
 import functools
 import math
+import os
+
+import numpy as np
 
 import taichi as ti
+from taichi.lang import impl
 
 from . import kernels
 from .kernels import SLOTS_PER_HEAD, n_tok_slots
+from .paths import pair_work
 
-# Auto choice (Simulation(path="auto")): the fused path for ranks up to FUSED_MAX_RANK and
-# dimensions up to FUSED_MAX_D (compile time: loops over components are unrolled; 12 s at
-# d = 64 uncached) and no entropy rate (it needs a second pair pass the fused kernel does not
-# have), while the pair work of an evaluation, n^2 H (r + rv + EXP_COST) multiply-add
-# equivalents, stays under FUSED_MAX_WORK (float32), or n <= FUSED_MAX_N (float64, whose exp
-# is libm per lane). Above it the tiled path. Measured with two threads sharing a launch,
-# tiled / fused time (RK4 unless said): (1024, 3, 4) 4.1, (1024, 16, 4) 2.1, (2048, 8, 3) 1.9,
-# (1024, 32, 4) 1.4, (2048, 32, 4) 1.3, (4096, 3, 4) 1.3 (2.0e9), Euler (1024, 64, 8) rank 8
-# 1.5 and full 1.0; (4096, 16, 4) 1.07 (3.8e9); Euler (4096, 64, 8) rank 8 0.98 (5.4e9).
-FUSED_MAX_N = 256
-FUSED_MAX_WORK = 2.5e9
-EXP_COST = 24  # the float32 exp and the weight bookkeeping, in multiply-adds per pair
-FUSED_MAX_RANK = 64
-FUSED_MAX_D = 64
-PATHS = ("auto", "fused", "tiled")
 JB = 6         # columns per score tile of the pair pass (with TR = 3: 18 accumulators, as kernels_wide)
 PARALLEL_MIN_WORK = 1.5e6  # the replicas' pair work per evaluation from which threads share it
 MAX_SHARED_STEPS = 256  # steps per launch shared by threads (their phase counters are zeroed per launch)
@@ -72,10 +62,8 @@ EXP_DEGREE = 7     # Taylor degree of e^y there: truncation below the squarings'
 def available_threads() -> int:
     """Threads worth starting: the CPUs this process may run on, at most Taichi's pool size
     (``cpu_max_num_threads``, which a sweep lowers for its workers)."""
-    import os
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     try:
-        from taichi.lang import impl
         pool = int(impl.current_cfg().cpu_max_num_threads)
     except Exception:  # Taichi not initialised: nothing to share a launch with yet
         pool = 1
@@ -92,11 +80,6 @@ def fused_workers(n: int, H: int, r: int, rv: int, R: int) -> int:
     return available_threads()
 
 
-def pair_work(n: int, H: int, r: int, rv: int) -> float:
-    """Multiply-add equivalents of one evaluation's pair pass (the auto path choice)."""
-    return float(n) * n * H * (r + rv + EXP_COST)
-
-
 def tile_shape(nbl: int, rv: int) -> tuple:
     """(TR, AC): row vectors per register tile, 4, 3 or 2, whichever pads the nbl row vectors
     least (the larger on a tie; 1 for a single vector), and value components per accumulator
@@ -105,31 +88,11 @@ def tile_shape(nbl: int, rv: int) -> tuple:
     return tr, min(8, rv)
 
 
-def choose_path(path: str, n: int, H: int, r: int, rv: int, dtype: str, arch: str,
-                entropy_rate: bool, d: int = 0) -> str:
-    """'fused' or 'tiled' for a requested path; raises for a fused request it cannot serve."""
-    if path not in PATHS:
-        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    reason = None
-    if arch != "cpu":
-        reason = "it runs on the CPU only"
-    elif entropy_rate:
-        reason = "it has no entropy-rate pass"
-    if path == "fused":
-        if reason:
-            raise ValueError(f"path 'fused' is not available here: {reason}; use path 'tiled' or 'auto'")
-        return "fused"
-    small = n <= FUSED_MAX_N or (dtype == "float32" and pair_work(n, H, r, rv) <= FUSED_MAX_WORK)
-    if path == "tiled" or reason or not small or max(r, rv) > FUSED_MAX_RANK or d > FUSED_MAX_D:
-        return "tiled"
-    return "fused"
-
-
 class FusedSteps:
     """The fused kernel and its scratch for R replicas of n tokens."""
 
     def __init__(self, rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: int,
-                 integrator: str, R: int, n: int):
+                 integrator, R: int, n: int):
         real = ti.f32 if dtype == "float32" else ti.f64
         L = 16 if dtype == "float32" else 8
         self.L, self.n = L, n
@@ -150,7 +113,6 @@ class FusedSteps:
         self.us = varr(R, H, n, -(-rvp // L))
         self.kw = varr(H, d, -(-r // L))         # K_h, W_h by columns, the rank over lanes
         self.ww = varr(H, d, -(-rvp // L))
-        import numpy as np
         np_real = np.float32 if dtype == "float32" else np.float64
         for padded in (self.qv, self.gv, self.ks, self.us):  # padding stays zero
             padded.from_numpy(np.zeros(tuple(padded.shape) + tuple(padded.element_shape), np_real))
@@ -160,7 +122,7 @@ class FusedSteps:
         self.zs = varr(workers, TR, npad)
         # per launch: short enough (~10 ms) that a launch whose threads lost each other (one
         # left at a barrier, see ``barrier``) costs little; None: one thread, any length
-        stages = 4 if integrator == "rk4" else 1
+        stages = integrator.stages
         self.max_steps = None if workers == 1 else \
             max(4, min(MAX_SHARED_STEPS, int(SHARED_LAUNCH_WORK / (R * pair_work(n, H, r, rv) * stages))))
         phases = 4 * (MAX_SHARED_STEPS * 4 + 1) + 1 if workers > 1 else 1
@@ -248,12 +210,13 @@ def vector_helpers(real, L: int):
 
 @functools.lru_cache(maxsize=None)
 def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: int,
-                  integrator: str, L: int, TR: int, AC: int):
+                  integrator, L: int, TR: int, AC: int):
     real = ti.f32 if dtype == "float32" else ti.f64
     f32 = dtype == "float32"
     sphere = geometry == "sphere"
-    rk4 = integrator == "rk4"
-    STAGES = 4 if rk4 else 1
+    STAGES = integrator.stages          # the tableau, unrolled (integrators.ExplicitRK)
+    REACH = integrator.reach + (0.0,)   # stage s's point: x + REACH[s] dt k_s
+    WEIGHTS, DENOMINATOR = integrator.weights, integrator.denominator
     exponential = rule.exponential
     softmax_norm = rule.normalization == "softmax"
     kernel_fn = None if exponential else ti.func(rule.kernel)
@@ -508,21 +471,26 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
     def rows_advance(b, jl, stage, dt, xt: ti.template(), st: ti.template(), kt: ti.template(),
                      at: ti.template(), mask: ti.template()):
         """The integrator's update of the L tokens of group jl after evaluation ``stage``:
-        RK4 acc = k1 + 2 k2 + 2 k3 + k4, stage points x + (dt/2, dt/2, dt) k; the retraction."""
+        acc = sum_s WEIGHTS[s] k_s, the next stage point x + REACH[s] dt k_s; at the last
+        stage x + (dt / DENOMINATOR) acc, then the retraction."""
         last = stage == STAGES - 1
         keep = c(0) if stage == 0 else c(1)
-        weight = c(1) if (stage == 0 or last) else c(2)
-        reach = dt if stage == 2 else c(0.5) * dt
+        weight = c(WEIGHTS[0])
+        reach = c(REACH[0]) * dt
+        for s in ti.static(range(1, STAGES)):
+            if stage == s:
+                weight = c(WEIGHTS[s])
+                reach = c(REACH[s]) * dt
         for e in ti.static(range(d)):
-            if ti.static(rk4):
+            if ti.static(STAGES > 1):
                 a_new = keep * at[b, e, jl] + weight * kt[b, e, jl]
                 at[b, e, jl] = a_new
                 if last:
-                    xt[b, e, jl] = xt[b, e, jl] + (dt / c(6)) * a_new
+                    xt[b, e, jl] = xt[b, e, jl] + (dt / c(DENOMINATOR)) * a_new
                 else:
                     st[b, e, jl] = xt[b, e, jl] + reach * kt[b, e, jl]
             else:
-                xt[b, e, jl] = xt[b, e, jl] + dt * kt[b, e, jl]
+                xt[b, e, jl] = xt[b, e, jl] + (dt * c(WEIGHTS[0] / DENOMINATOR)) * kt[b, e, jl]
         if ti.static(sphere):
             if last:
                 sq = splat(0)

@@ -7,16 +7,18 @@ import numpy as np
 import taichi as ti
 
 from . import attention as attention_mod
-from . import backend, kernels, kernels_fused
+from . import backend, kernels, kernels_fused, kernels_gpu, paths
 from .attention import Attention
 from .heads import Head
-from .kernels_wide import WideHeads
-from .integrators import INTEGRATORS
+from .kernels_wide import WIDE_MIN_N, WideHeads
+from .integrators import ExplicitRK, get_integrator
 from .observables import assemble_rows
 from .rule_check import check_rule_compiles
 from .rules import Rule, get_rule
 from .schedule import Layer, Schedule
-from .vocabulary import DTYPES, GEOMETRIES
+from . import validation
+from .errors import ParticlesTypeError, ParticlesUserError
+from .vocabulary import ARCHES, DTYPES, GEOMETRIES
 
 
 class BlowUpError(FloatingPointError):
@@ -42,6 +44,31 @@ def _as_heads(heads, d: int) -> list[Head]:
     if not out:
         raise ValueError("at least one head is needed")
     return out
+
+
+def _count_heads(heads) -> int:
+    """The number of heads (of the widest layer of a Schedule), for the memory estimate."""
+    if isinstance(heads, Schedule):
+        return max((_count_heads(layer.heads) for layer in heads.layers), default=1)
+    if isinstance(heads, (str, bytes)) or not hasattr(heads, "__len__"):
+        raise ParticlesTypeError(f"heads must be a sequence of particles.Head, (M, V) pairs or "
+                                 f"score matrices, or a particles.Schedule, got {type(heads).__name__}")
+    if len(heads) == 0:
+        raise ParticlesUserError("heads must hold at least one head, got an empty sequence")
+    return len(heads)
+
+
+def _check_layer_in_dtype(where: str, heads, attention, dtype: str) -> None:
+    """Every head's factors and its own beta and ALiBi slope stay finite in the run's dtype."""
+    for i, head in enumerate(heads):
+        for part, value in (("query", head.query), ("key", head.key),
+                            ("value_out", head.value_out), ("value_in", head.value_in)):
+            validation.in_dtype(f"{where}heads[{i}].{part}", value, dtype,
+                                "use dtype 'float64' or smaller strengths")
+    for i, att in enumerate(attention):
+        if att.beta is not None:
+            validation.in_dtype(f"{where}attention[{i}].beta", att.beta, dtype)
+        validation.in_dtype(f"{where}attention[{i}].alibi", att.alibi, dtype)
 
 
 def _pack(heads: list[Head], d: int, r: int, rv: int):
@@ -93,43 +120,38 @@ class Simulation:
     positions); on a GPU the tiled pair pass carries all of it, skipping key tiles no row of
     a block sees.
     path: 'fused' (k whole steps per kernel launch: small n, CPU), 'tiled' (a launch per
-    kernel, parallel within a replica: large n, any arch) or 'auto' (fused while the pair
-    work is small, measured; see ``kernels_fused.choose_path``). Both match the
-    float64 reference to the dtype's tolerance; they need not agree bitwise.
+    kernel, parallel within a replica: large n, any arch), 'plain' (the straightforward
+    kernels, for checking) or 'auto': the fastest path that declares everything this
+    simulation uses (``particles.paths``); an explicit path that cannot serve it is refused,
+    naming what it lacks. ``sim.path`` says which runs. All match the float64 reference to
+    the dtype's tolerance; they need not agree bitwise.
+    integrator: 'euler', 'rk4' or a ``particles.ExplicitRK`` tableau of your own.
     """
 
     def __init__(self, tokens, heads: Sequence, beta=1.0, rule: str | Rule = "exp",
-                 geometry: str = "sphere", dt: float = 0.01, integrator: str = "rk4",
+                 geometry: str = "sphere", dt: float = 0.01, integrator: str | ExplicitRK = "rk4",
                  dtype: str = "float32", arch: str = "cpu", entropy_rate: bool = False,
                  batch: int = 64, path: str = "auto", attention=None):
-        x = np.asarray(tokens, dtype=np.float64)
-        self.ensemble = x.ndim == 3
-        if x.ndim == 2:
-            x = x[None]
-        if x.ndim != 3 or x.shape[1] < 1 or x.shape[2] < 1:
-            raise ValueError(f"tokens must have shape (n, d) or (R, n, d), got {np.shape(tokens)}")
-        if not np.all(np.isfinite(x)):
-            raise ValueError("tokens contain NaN or Inf")
-        if geometry not in GEOMETRIES:
-            raise ValueError(f"geometry must be one of {GEOMETRIES}, got {geometry!r}")
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-        if integrator not in INTEGRATORS:
-            raise ValueError(f"integrator must be one of {tuple(INTEGRATORS)}, got {integrator!r}")
-        if not (np.isfinite(dt) and dt > 0):
-            raise ValueError(f"dt must be a positive number, got {dt!r}")
-        R, n, d = x.shape
+        self._blown_up = None  # the BlowUpError message while the state is not finite
+        geometry = validation.choice("geometry", geometry, GEOMETRIES)
+        dtype = validation.choice("dtype", dtype, DTYPES)
+        method = get_integrator(integrator)
+        path = validation.choice("path", path, ("auto", "fused", "tiled", "plain"))
+        validation.choice("arch", arch, ARCHES)
+        batch = validation.integer("batch", batch, 1)
+        R, n, d, self.ensemble = validation.tokens_shape(tokens)
+        n_heads = _count_heads(heads)
+        validation.memory(validation.estimate_bytes(n, d, n_heads, R, dtype,
+                                                    kernels.n_tok_slots(n_heads), bool(entropy_rate)),
+                          f"tokens of shape {np.shape(tokens)} ({n_heads} heads, {dtype})")
+        x, _ = validation.tokens(tokens, dtype, geometry=geometry)
+        dt = validation.positive("dt", dt, dtype)
         if geometry == "sphere":
-            norms = np.linalg.norm(x, axis=-1)
-            if np.any(norms == 0):
-                raise ValueError("a token is the zero vector, which has no place on the sphere")
-            x = x / norms[..., None]
-        betas = np.broadcast_to(np.asarray(beta, dtype=np.float64), (R,)).copy() \
-            if np.ndim(beta) == 0 or np.size(beta) == R else None
-        if betas is None:
-            raise ValueError(f"beta must be a number or one value per replica ({R}), got shape {np.shape(beta)}")
-        if not np.all(np.isfinite(betas) & (betas > 0)):
-            raise ValueError(f"beta must be positive and finite, got {beta!r}")
+            x = x / np.linalg.norm(x, axis=-1)[..., None]
+        betas = validation.betas(beta, R, dtype)
+        if rule is not None and not isinstance(rule, (str, Rule)):
+            raise ParticlesTypeError(f"rule must be a rule name or a particles.Rule, got "
+                                     f"{type(rule).__name__}")
 
         self.rule = rule if isinstance(rule, Rule) else get_rule(rule)
         if isinstance(heads, Schedule):
@@ -151,8 +173,10 @@ class Simulation:
                 raise ValueError(f"layer {idx} has {len(layer_heads)} heads, layer 0 has "
                                  f"{len(layers[0][0])}: every layer needs the same number of heads")
         self.layer_attention = tuple(att for _, att in layers)
+        for idx, (hs, att) in enumerate(layers):
+            _check_layer_in_dtype(f"layer {idx} " if self.scheduled else "", hs, att, dtype)
         self.geometry, self.dtype, self.dt = geometry, dtype, float(dt)
-        self.integrator = INTEGRATORS[integrator]()
+        self.integrator = method
         self.n_replicas, self.n, self.d, self.n_heads = R, n, d, len(layers[0][0])
         self.betas = betas
         # plain: one layer of full attention, every head with the simulation's rule and beta
@@ -184,7 +208,12 @@ class Simulation:
         self._x = arr(R, n, d)
         self._x.from_numpy(x.astype(self._np_real))
         self._xdot, self._stage_x, self._stage_acc = arr(R, n, d), arr(R, n, d), arr(R, n, d)
-        plain_kernels = path == "plain"
+        rules_used = {a.rule for att in self.layer_attention for a in att}
+        self.path = paths.choose(path, paths.Needs(
+            rules=frozenset(paths.rule_kind(u) for u in rules_used), positions=not self.plain and not self.scheduled,
+            layers=self.scheduled, entropy_rate=self.entropy_rate_enabled, arch=self.arch,
+            n=n, d=d, H=H, r=r, rv=rv, dtype=dtype))
+        plain_kernels = self.path == "plain"
         self._layers = [_LayerState(hs, att, geometry, dtype, d, r, rv, R, n, self.entropy_rate_enabled,
                                     arr, self._np_real, plain_kernels) for hs, att in layers]
         self._kern = self._layers[0].passes[0][0]  # combine, reduce, integrator ops: rule-free
@@ -209,15 +238,7 @@ class Simulation:
         self._sumx = arr(self._batch, R, d, 1, dt=red_dt)
         self._pending: list[tuple[int, int]] = []   # (step, slot) of rows not yet copied
         self._rows: list[dict] = []
-        if not self.plain and path == "fused":
-            raise ValueError("path 'fused' serves one layer of plain heads only; masks, biases, "
-                             "per-head rules or betas and schedules take path 'tiled' (or 'auto')")
-        if plain_kernels:
-            self.path = "plain"
-        else:
-            self.path = kernels_fused.choose_path("tiled" if not self.plain else path, n, H, r, rv,
-                                                  dtype, self.arch, self.entropy_rate_enabled, d)
-        self._fused = kernels_fused.FusedSteps(self.rule, geometry, dtype, d, H, r, rv, integrator,
+        self._fused = kernels_fused.FusedSteps(self.rule, geometry, dtype, d, H, r, rv, self.integrator,
                                                R, n) if self.path == "fused" else None
         self._ops = _Operations(self)
         self._warm_up()
@@ -272,13 +293,21 @@ class Simulation:
 
     def set_tokens(self, tokens, step: int | None = None) -> None:
         """Replace the state (e.g. from a checkpoint); exact for arrays of this dtype."""
+        want = (self.n_replicas, self.n, self.d)
+        shape = validation.tokens_shape(tokens)[:3]
+        if shape != want:
+            raise ParticlesUserError(f"tokens must have shape {want}"
+                                     f"{f' or {want[1:]}' if want[0] == 1 else ''}, "
+                                     f"got shape {np.shape(tokens)}")
+        validation.tokens(tokens, self.dtype, geometry=self.geometry)
+        if step is not None:
+            step = validation.step_count("step", step)
         x = np.asarray(tokens)
         x = x if x.ndim == 3 else x[None]
-        if x.shape != (self.n_replicas, self.n, self.d):
-            raise ValueError(f"tokens must have shape {(self.n_replicas, self.n, self.d)}, got {x.shape}")
         self._x.from_numpy(np.ascontiguousarray(x, dtype=self._np_real))
+        self._blown_up = None
         if step is not None:
-            self.step_count = int(step)
+            self.step_count = step
             self._use_layer(self.schedule.layer_at(self.step_count))
 
     def set_state(self, tokens, step: int | None = None) -> None:
@@ -287,11 +316,7 @@ class Simulation:
 
     def set_beta(self, beta) -> None:
         """New inverse temperature(s): one number, or one per replica. Compiled kernels are kept."""
-        b = np.broadcast_to(np.asarray(beta, dtype=np.float64), (self.n_replicas,)).copy() \
-            if np.ndim(beta) == 0 or np.size(beta) == self.n_replicas else None
-        if b is None or not np.all(np.isfinite(b) & (b > 0)):
-            raise ValueError(f"beta must be a positive finite number or one per replica "
-                             f"({self.n_replicas}), got {beta!r}")
+        b = validation.betas(beta, self.n_replicas, self.dtype)
         self._beta.from_numpy(b.astype(self._np_real))
         self.betas = b
 
@@ -305,11 +330,12 @@ class Simulation:
         """
         from .drive import AT_END, Every, Rows, drive
         from .result import Result
-        if int(every) < 1:
-            raise ValueError(f"every must be >= 1, got {every!r}")
+        steps = validation.step_count("steps", steps)
+        every = validation.step_count("every", every, 1)
+        self._refuse_if_blown_up()
         self.take_rows()
-        rows = Rows(Every(int(every)) | AT_END)
-        drive(self, [rows], self.step_count + int(steps))
+        rows = Rows(Every(every) | AT_END)
+        drive(self, [rows], self.step_count + steps)
         return Result.from_rows(rows.rows, final_tokens=self.tokens)
 
     def velocity(self) -> np.ndarray:
@@ -325,6 +351,9 @@ class Simulation:
     def advance(self, steps: int = 1, observe_every: int = 0) -> None:
         """Advance ``steps`` steps; with observe_every = k, record the observables of every
         state whose step count is a multiple of k (before stepping from it)."""
+        steps = validation.step_count("steps", steps)
+        observe_every = validation.step_count("observe_every", observe_every)
+        self._refuse_if_blown_up()
         if self._fused is not None:
             return self._advance_fused(int(steps), int(observe_every))
         integ, dt = self.integrator, self.dt
@@ -389,9 +418,16 @@ class Simulation:
             cause += ("; with rule 'exp' in float32, e^(beta s) overflows near beta*s = 88: "
                       "use dtype float64 or rule 'softmax'")
         where = f"replica {b}, " if self.ensemble else ""
+        self._blown_up = f"blow-up at step {self.step_count}: {where}token {i} is not finite"
         raise BlowUpError(f"blow-up at step {self.step_count}: {where}token {i} is not finite "
                           f"(values {np.array2string(values, precision=4, threshold=8)}). Likely "
                           f"cause: {cause}.", self.step_count, b, i)
+
+    def _refuse_if_blown_up(self) -> None:
+        if getattr(self, "_blown_up", None):
+            raise ParticlesUserError(f"this Simulation stopped with a BlowUpError ({self._blown_up}); "
+                                     "it will not advance from a non-finite state: give it a "
+                                     "finite state with set_state(tokens, step) first")
 
     # -- internals ----------------------------------------------------------------------------
     def _flush(self) -> None:
@@ -456,6 +492,28 @@ def _features(attention) -> kernels.Features:
                             filtered=len({a.rule for a in attention}) > 1)
 
 
+def _head_pass(kern, n_replicas: int, n: int, keep_qk: bool, plain: bool):
+    """The layout of the head outputs f (and row statistics) for R replicas of n tokens, as
+    one call ``(x, Q, K, W, O, q, k, u, beta, hint, hreal, g, f, row, observe)``: for
+    exponential rules on the CPU the tiled ``FastHeads`` (it keeps q, k only if keep_qk;
+    from ``kernels_wide.WIDE_MIN_N`` tokens the wide pass), keys tiled through shared memory
+    on a GPU, else (and with ``plain``) the plain kernels project, pair, head_out."""
+    if plain:
+        return kernels.PlainHeads(kern)
+    cpu = not backend.is_gpu()
+    if kern.exponential and cpu and not kern.features.any:
+        if n >= WIDE_MIN_N and not keep_qk:
+            return WideHeads(kern.spec, n_replicas, n)
+        return kernels.FastHeads(kern.spec, n_replicas, n, keep_qk)
+    if kern.exponential and cpu and not kern.features.filtered:
+        # masks, ALiBi and per-head betas: the tiled pass walks only the key blocks a row
+        # tile can see; heads with different rules take the plain kernels
+        return kernels.FastHeads(kern.spec, n_replicas, n, keep_qk, features=kern.features)
+    if backend.is_gpu():
+        return kernels_gpu.TiledHeads(kern, *kern.gpu_spec)
+    return kernels.PlainHeads(kern)
+
+
 class _LayerState:
     """One layer's device side: its factors, per-head parameters and pair passes (one per
     distinct rule, each serving its own heads)."""
@@ -478,4 +536,4 @@ class _LayerState:
             hint = ti.ndarray(ti.i32, shape=(H, 3))
             hint.from_numpy(np.array([[lo, hi, int(a.rule == rule)] for (lo, hi), a in
                                       zip(bands, attention)], dtype=np.int32))
-            self.passes.append((kern, kern.head_pass(R, n, keep_qk=keep_qk, plain=plain_kernels), hint))
+            self.passes.append((kern, _head_pass(kern, R, n, keep_qk, plain_kernels), hint))

@@ -6,7 +6,7 @@ import pytest
 import particles
 import reference as ref
 from conftest import general_heads, random_tokens, rel_err
-from particles import kernels_fused
+from particles import kernels_fused, paths
 
 OBSERVED = ("energy", "kinetic", "gamma_bar", "tangent_power_h0", "cross_coupling_h1",
             "radial_shadow_h1", "radial_absmax_h0", "entropy_mean_h1", "entropy_min_h0")
@@ -67,24 +67,26 @@ def test_float32_fused_keeps_tokens_on_the_sphere_for_ten_thousand_steps():
 
 
 def test_auto_path_choice_and_errors():
-    x = random_tokens(kernels_fused.FUSED_MAX_N, 3)
+    x = random_tokens(paths.FUSED_MAX_N, 3)
     heads = general_heads(1, 3)
     assert particles.Simulation(x, heads).path == "fused"
     assert particles.Simulation(x, heads, path="tiled").path == "tiled"
     assert particles.Simulation(x, heads, rule="softmax", entropy_rate=True).path == "tiled"
-    bigger = random_tokens(kernels_fused.FUSED_MAX_N + 1, 3)
+    bigger = random_tokens(paths.FUSED_MAX_N + 1, 3)
     assert particles.Simulation(bigger, heads, dtype="float64").path == "tiled"
     # float32: by the pair work n^2 H (r + rv + EXP_COST), either side of FUSED_MAX_WORK
     assert particles.Simulation(bigger, heads).path == "fused"
-    assert kernels_fused.pair_work(1024, 1, 3, 3) <= kernels_fused.FUSED_MAX_WORK
-    assert kernels_fused.choose_path("auto", 1024, 1, 3, 3, "float32", "cpu", False) == "fused"
-    assert kernels_fused.pair_work(4096, 4, 16, 16) > kernels_fused.FUSED_MAX_WORK
-    assert kernels_fused.choose_path("auto", 4096, 4, 16, 16, "float32", "cpu", False) == "tiled"
-    assert kernels_fused.choose_path("auto", 64, 1, 3, 3, "float32", "cpu", False,
-                                     d=kernels_fused.FUSED_MAX_D + 1) == "tiled"
+    def needs(n, H, r, d=3):
+        return paths.Needs(rules=frozenset({"exponential"}), positions=False, layers=False,
+                           entropy_rate=False, arch="cpu", n=n, d=d, H=H, r=r, rv=r, dtype="float32")
+    assert paths.pair_work(1024, 1, 3, 3) <= paths.FUSED_MAX_WORK
+    assert paths.choose("auto", needs(1024, 1, 3)) == "fused"
+    assert paths.pair_work(4096, 4, 16, 16) > paths.FUSED_MAX_WORK
+    assert paths.choose("auto", needs(4096, 4, 16)) == "tiled"
+    assert paths.choose("auto", needs(64, 1, 3, d=paths.FUSED_MAX_D + 1)) == "tiled"
     with pytest.raises(ValueError, match="path must be one of"):
         particles.Simulation(x, heads, path="fast")
-    with pytest.raises(ValueError, match="entropy-rate"):
+    with pytest.raises(ValueError, match="which uses the entropy rate"):
         particles.Simulation(x, heads, rule="softmax", entropy_rate=True, path="fused")
 
 

@@ -1,0 +1,196 @@
+"""Generated from the chooser's table (particles.paths.SPECS): for every path and every
+capability it declares, a small run against the float64 reference; for every capability it
+does not declare, ``auto`` routes around it and an explicit request is refused, naming it.
+Every integrator (a user's Heun tableau included) on every path, at its order."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import particles
+import reference as ref
+from conftest import RTOL, general_heads, random_tokens, rel_err
+from particles import Attention, ExplicitRK, Layer, Schedule, paths
+
+ROOT = Path(__file__).resolve().parents[1]
+N, D, H, BETA, DT = 11, 3, 2, 1.2, 0.04
+HEUN = ExplicitRK("heun", reach=(1.0,), weights=(1, 1), denominator=2, order=2)
+
+
+def _recency():
+    particles.load_rule_file(ROOT / "examples" / "recency_rule.py")
+    return ref.PositionalRule(lambda z, i, j, n: 1.0 / (1.0 + np.exp(-z)) / (1.0 + np.abs(i - j)), "softmax")
+
+
+def _spec_case(rule, ref_rule, attention=None, mask="none"):
+    """Simulation kwargs and (velocity, one Euler step) of the per-head-spec reference."""
+    specs = [ref.HeadSpec(ref_rule, mask=mask)] * H
+
+    def check(sim, x, heads, dtype):
+        assert rel_err(sim.velocity(), ref.spec_velocity(x, heads, BETA, specs)) < RTOL[dtype]
+        sim.advance(1)
+        want = ref.spec_step(x, heads, BETA, specs, "sphere", DT, "euler")
+        assert rel_err(sim.tokens, want) < 2 * RTOL[dtype]
+    return dict(rule=rule, attention=attention), check
+
+
+def _layers_case():
+    other = general_heads(H, D, seed=11)
+
+    def make(heads):
+        return Schedule((Layer(heads), Layer(other)), (0, 1))
+
+    def check(sim, x, heads, dtype):
+        sim.advance(2)
+        want = ref.step_euler(ref.step_euler(x, heads, BETA, "softmax", "sphere", DT), other, BETA,
+                              "softmax", "sphere", DT)
+        assert rel_err(sim.tokens, want) < 2 * RTOL[dtype]
+    return dict(rule="softmax", schedule=make), check
+
+
+def _entropy_rate_case():
+    def check(sim, x, heads, dtype):
+        sim.observe()
+        (row,) = sim.take_rows()
+        want = ref.observables(x, heads, BETA, "softmax", "sphere", entropy_rate=True)
+        rates = [k for k in want if "rate" in k and not k.startswith("energy")]
+        assert rates
+        for key in rates:
+            assert row[key] == pytest.approx(want[key], rel=1e-6 if dtype == "float64" else 1e-3, abs=1e-9), key
+    return dict(rule="softmax", entropy_rate=True), check
+
+
+def _cases():
+    """capability -> (what Needs it sets, a builder of (kwargs, check))."""
+    return {
+        "exp/softmax rules": (dict(rules=frozenset({"exponential"})),
+                              lambda: _spec_case("softmax", "softmax")),
+        "k(z) rules": (dict(rules=frozenset({"kernel"})), lambda: _spec_case("relu", "relu")),
+        "k(z, i, j, n) rules": (dict(rules=frozenset({"positional"})),
+                                lambda: _spec_case("sigmoid_recency", _recency())),
+        "masks": (dict(rules=frozenset({"exponential"}), positions=True),
+                  lambda: _spec_case("softmax", "softmax", [Attention(mask="causal")] * H, "causal")),
+        "layers": (dict(rules=frozenset({"exponential"}), layers=True), _layers_case),
+        "entropy rate": (dict(rules=frozenset({"exponential"}), entropy_rate=True), _entropy_rate_case),
+    }
+
+
+CASES = _cases()
+BASE = dict(rules=frozenset({"exponential"}), positions=False, layers=False, entropy_rate=False,
+            arch="cpu", n=N, d=D, H=H, r=D, rv=D, dtype="float64")
+TABLE = [(spec.name, cap, not spec.missing(paths.Needs(**{**BASE, **needs})))
+         for spec in paths.SPECS for cap, (needs, _) in CASES.items()]
+
+
+def _simulation(kwargs, path, dtype):
+    x = random_tokens(N, D, seed=4)
+    heads = general_heads(H, D, seed=6)
+    kw = dict(kwargs)
+    schedule = kw.pop("schedule", None)
+    sim = particles.Simulation(x, schedule(heads) if schedule else heads, beta=BETA, dt=DT,
+                               integrator="euler", dtype=dtype, path=path, **kw)
+    return sim, x, heads
+
+
+@pytest.mark.parametrize("path, capability, declared", TABLE,
+                         ids=[f"{p}-{c.replace(' ', '_')}" for p, c, _ in TABLE])
+def test_every_declared_capability_runs_and_every_other_is_refused(path, capability, declared):
+    kwargs, check = CASES[capability][1]()
+    if declared:
+        for dtype in ("float64", "float32"):
+            sim, x, heads = _simulation(kwargs, path, dtype)
+            assert sim.path == path
+            check(sim, x, heads, dtype)
+        return
+    with pytest.raises(ValueError, match=f"path '{path}' cannot serve this simulation, which uses"):
+        _simulation(kwargs, path, "float64")
+    sim, x, heads = _simulation(kwargs, "auto", "float64")
+    assert sim.path != path
+    check(sim, x, heads, "float64")
+
+
+def test_the_table_covers_what_the_issue_named():
+    """The fused path declares no position-aware rule, mask, layer or entropy rate; tiled all."""
+    declared = {(p, c) for p, c, ok in TABLE if ok}
+    assert ("fused", "k(z, i, j, n) rules") not in declared
+    assert all(("tiled", c) in declared for c in CASES)
+
+
+def _ref_rk_step(x, heads, tableau, dt):
+    """Float64 NumPy step of an ExplicitRK tableau (stage s uses the slope of stage s - 1)."""
+    f = lambda y: ref.velocity(y, heads, BETA, "softmax", "sphere")  # noqa: E731
+    k = f(x)
+    acc = tableau.weights[0] * k
+    for reach, weight in zip(tableau.reach, tableau.weights[1:]):
+        k = f(x + reach * dt * k)
+        acc = acc + weight * k
+    y = x + dt / tableau.denominator * acc
+    return y / np.linalg.norm(y, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("path", ["fused", "tiled", "plain"])
+@pytest.mark.parametrize("integrator", ["euler", "rk4", HEUN], ids=["euler", "rk4", "heun"])
+def test_every_integrator_on_every_path_matches_the_reference(path, integrator):
+    x = random_tokens(N, D, seed=2)
+    heads = general_heads(H, D, seed=3)
+    method = particles.integrators.get_integrator(integrator)
+    sim = particles.Simulation(x, heads, beta=BETA, rule="softmax", dt=DT, integrator=integrator,
+                               dtype="float64", path=path)
+    assert sim.path == path
+    sim.advance(3)
+    want = x
+    for _ in range(3):
+        want = _ref_rk_step(want, heads, method, DT)
+    assert rel_err(sim.tokens, want) < 1e-10
+
+
+def test_a_user_tableau_runs_at_its_order_on_the_fused_path():
+    """Heun through the public tableau: global error falls 4x when dt halves."""
+    x = random_tokens(9, 3, seed=1)
+    heads = general_heads(2, 3, seed=1)
+    t_end = 0.8
+    exact = particles.Simulation(x, heads, beta=1.0, rule="softmax", dt=t_end / 400, integrator="rk4",
+                                 dtype="float64", path="fused")
+    exact.advance(400)
+    errors = []
+    for steps in (20, 40):
+        sim = particles.Simulation(x, heads, beta=1.0, rule="softmax", dt=t_end / steps, integrator=HEUN,
+                                   dtype="float64", path="fused")
+        assert sim.path == "fused"
+        sim.advance(steps)
+        errors.append(np.max(np.abs(sim.tokens - exact.tokens)))
+    assert 3.3 < errors[0] / errors[1] < 4.7, errors
+
+
+def test_bad_tableaux_are_refused():
+    with pytest.raises(ValueError, match="sum to the denominator"):
+        ExplicitRK("bad", reach=(1.0,), weights=(1, 2), denominator=2, order=2)
+    with pytest.raises(ValueError, match="stage reaches"):
+        ExplicitRK("bad", reach=(), weights=(1, 1), denominator=2, order=2)
+    with pytest.raises(ValueError, match="integrator must be one of"):
+        particles.Simulation(random_tokens(4, 3), general_heads(1, 3), integrator="leapfrog")
+
+
+def test_recency_example_runs_from_a_scene_on_the_default_path(tmp_path):
+    from particles.app.run import run_scene
+    from scenes import load_scene
+    scene_file = tmp_path / "recency.toml"
+    scene_file.write_text(f"""
+[tokens]
+n = 16
+d = 3
+[heads]
+kind = "scalar"
+count = 1
+[dynamics]
+rule = "sigmoid_recency"
+rule_file = "{(ROOT / 'examples' / 'recency_rule.py').as_posix()}"
+steps = 5
+[render]
+enabled = false
+""")
+    result = run_scene(load_scene(scene_file), tmp_path / "run", render=False, progress=False,
+                       echo=lambda *_: None)
+    assert result.status == "completed" and result.steps_done == 5
+    log = particles.load_log(tmp_path / "run")
+    assert len(log["kinetic"]) >= 2 and np.all(np.isfinite(log["kinetic"]))
