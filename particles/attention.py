@@ -17,9 +17,11 @@ visit only the visible keys: a causal head does about half the pair work.
 """
 from __future__ import annotations
 
-import math
+import numbers
 from dataclasses import dataclass, replace
 
+from . import validation
+from .errors import ParticlesTypeError, ParticlesUserError
 from .rules import Rule, get_rule
 
 from .vocabulary import MASKS
@@ -37,19 +39,23 @@ class Attention:
     rule: Rule | str | None = None
 
     def __post_init__(self):
-        if self.mask not in MASKS:
+        if not isinstance(self.mask, str) or self.mask not in MASKS:
             raise ValueError(f"mask must be one of {MASKS}, got {self.mask!r}")
         windowed = self.mask in ("window", "causal_window")
-        if windowed and (not isinstance(self.window, int) or isinstance(self.window, bool)
+        if windowed and (not isinstance(self.window, numbers.Integral) or isinstance(self.window, bool)
                          or self.window < 0):
             raise ValueError(f"mask {self.mask!r} needs a window, an integer >= 0 (got {self.window!r})")
         if not windowed and self.window is not None:
             raise ValueError(f"window is given but mask is {self.mask!r}; use mask 'window' or "
                              "'causal_window'")
-        if not (math.isfinite(self.alibi) and self.alibi >= 0):
-            raise ValueError(f"alibi slope must be a finite number >= 0, got {self.alibi!r}")
-        if self.beta is not None and not (math.isfinite(self.beta) and self.beta > 0):
-            raise ValueError(f"a head's beta must be positive and finite, got {self.beta!r}")
+        if windowed:
+            object.__setattr__(self, "window", int(self.window))
+        object.__setattr__(self, "alibi", validation.non_negative("alibi (the ALiBi slope)", self.alibi))
+        if self.beta is not None:
+            object.__setattr__(self, "beta", validation.positive("beta (the head's own)", self.beta))
+        if self.rule is not None and not isinstance(self.rule, (str, Rule)):
+            raise ParticlesTypeError(f"rule must be None, a rule name or a particles.Rule, got "
+                                     f"{type(self.rule).__name__}")
         if isinstance(self.rule, str):
             object.__setattr__(self, "rule", get_rule(self.rule))
 
@@ -90,12 +96,17 @@ def resolve(attention, n_heads: int, rule: Rule) -> tuple[Attention, ...]:
         attention = Attention()
     if isinstance(attention, Attention):
         attention = [attention] * n_heads
+    if isinstance(attention, (str, bytes, dict)) or not hasattr(attention, "__iter__"):
+        raise ParticlesTypeError(f"attention must be None, a particles.Attention or one per head "
+                                 f"({n_heads}), got {type(attention).__name__}")
     attention = list(attention)
     if len(attention) != n_heads:
-        raise ValueError(f"attention has {len(attention)} entries for {n_heads} heads")
+        raise ParticlesUserError(f"attention has {len(attention)} entries for {n_heads} heads; give "
+                                 "one particles.Attention for every head or one per head")
     out = []
     for h, a in enumerate(attention):
         if not isinstance(a, Attention):
-            raise TypeError(f"attention[{h}] must be a particles.Attention, got {type(a).__name__}")
+            raise ParticlesTypeError(f"attention[{h}] must be a particles.Attention, got "
+                                     f"{type(a).__name__}")
         out.append(a if a.rule is not None else replace(a, rule=rule))
     return tuple(out)

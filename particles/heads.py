@@ -13,14 +13,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import validation
+from .errors import ParticlesUserError
 
-def _as_matrix(name: str, a, rows: int | None, cols: int) -> np.ndarray:
-    m = np.asarray(a, dtype=np.float64)
-    if m.ndim != 2 or m.shape[1] != cols or (rows is not None and m.shape[0] != rows):
-        want = f"({rows if rows is not None else 'r'}, {cols})"
-        raise ValueError(f"{name} must have shape {want}, got {m.shape}")
-    if not np.all(np.isfinite(m)):
-        raise ValueError(f"{name} contains NaN or Inf")
+
+def _as_matrix(name: str, a, rows: int | None, cols: int | None) -> np.ndarray:
+    """A real, finite float64 matrix of the given shape (None: any), or a ValueError/TypeError
+    naming ``name``."""
+    m = validation.real_array(name, a)
+    if m.ndim != 2 or min(m.shape) < 1 or (cols is not None and m.shape[1] != cols) \
+            or (rows is not None and m.shape[0] != rows):
+        want = f"({rows if rows is not None else 'r'}, {cols if cols is not None else 'd'})"
+        raise ParticlesUserError(f"{name} must be a matrix of shape {want} with every side >= 1, "
+                                 f"got shape {m.shape}")
     return m
 
 
@@ -32,6 +37,15 @@ class Head:
     key: np.ndarray        # r x d
     value_out: np.ndarray  # d x rv
     value_in: np.ndarray   # rv x d
+
+    def __post_init__(self):
+        q = _as_matrix("query", self.query, None, None)
+        d = q.shape[1]
+        k = _as_matrix("key", self.key, q.shape[0], d)
+        w = _as_matrix("value_in", self.value_in, None, d)
+        o = _as_matrix("value_out", self.value_out, d, w.shape[0])
+        for name, value in (("query", q), ("key", k), ("value_out", o), ("value_in", w)):
+            object.__setattr__(self, name, value)
 
     @property
     def dim(self) -> int:
@@ -58,7 +72,7 @@ class Head:
     @classmethod
     def from_matrices(cls, score, value=None) -> "Head":
         """Head from full d x d matrices M and V (V defaults to M, the paper's aligned case)."""
-        m = np.asarray(score, dtype=np.float64)
+        m = validation.real_array("score matrix M", score)
         d = m.shape[-1] if m.ndim == 2 else 0
         m = _as_matrix("score matrix M", m, d, d)
         v = m if value is None else _as_matrix("value matrix V", value, d, d)
@@ -71,7 +85,7 @@ class Head:
 
         Without value factors, V = M (aligned) with O = Q^T, W = K.
         """
-        q = np.asarray(query, dtype=np.float64)
+        q = validation.real_array("query factor Q", query)
         d = q.shape[-1] if q.ndim == 2 else 0
         q = _as_matrix("query factor Q", q, None, d)
         k = _as_matrix("key factor K", key, q.shape[0], d)
@@ -87,4 +101,6 @@ class Head:
     @classmethod
     def scalar(cls, strength: float, dim: int) -> "Head":
         """M = V = strength * I (the paper's scalar head)."""
+        strength = validation.real_number("strength", strength)
+        dim = validation.integer("dim", dim, 1)
         return cls.from_matrices(strength * np.eye(dim))

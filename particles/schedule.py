@@ -13,6 +13,9 @@ import bisect
 from dataclasses import dataclass
 from typing import Sequence
 
+from . import validation
+from .errors import ParticlesTypeError, ParticlesUserError
+
 
 @dataclass(frozen=True)
 class Layer:
@@ -23,6 +26,17 @@ class Layer:
     rule: object = None
     attention: object = None
 
+    def __post_init__(self):
+        if isinstance(self.heads, (str, bytes)) or not hasattr(self.heads, "__len__"):
+            raise ParticlesTypeError(f"Layer heads must be a sequence of heads, got "
+                                     f"{type(self.heads).__name__}")
+        if len(self.heads) == 0:
+            raise ParticlesUserError("Layer heads must hold at least one head, got none")
+        if self.rule is not None and not isinstance(self.rule, str) and \
+                type(self.rule).__name__ != "Rule":
+            raise ParticlesTypeError(f"Layer rule must be None, a rule name or a particles.Rule, "
+                                     f"got {type(self.rule).__name__}")
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -30,7 +44,13 @@ class Schedule:
     starts: tuple  # the step at which each layer starts: starts[0] = 0, strictly increasing
 
     def __post_init__(self):
-        layers, starts = tuple(self.layers), tuple(int(s) for s in self.starts)
+        for name, value in (("layers", self.layers), ("starts", self.starts)):
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+                raise ParticlesTypeError(f"Schedule {name} must be a sequence, got "
+                                         f"{type(value).__name__}")
+        layers = tuple(self.layers)
+        starts = tuple(validation.step_count(f"Schedule starts[{i}]", s)
+                       for i, s in enumerate(self.starts))
         object.__setattr__(self, "layers", layers)
         object.__setattr__(self, "starts", starts)
         if not layers:
@@ -46,9 +66,8 @@ class Schedule:
     @classmethod
     def every(cls, layers: Sequence[Layer], steps: int) -> "Schedule":
         """Layer l for the steps [l * steps, (l + 1) * steps); the last holds after."""
-        if int(steps) < 1:
-            raise ValueError(f"steps per layer must be >= 1, got {steps!r}")
-        return cls(tuple(layers), tuple(l * int(steps) for l in range(len(layers))))
+        steps = validation.step_count("steps (per layer)", steps, 1)
+        return cls(tuple(layers), tuple(l * steps for l in range(len(layers))))
 
     def layer_at(self, step: int) -> int:
         """The index of the layer in force for the step from state ``step``."""
