@@ -195,6 +195,23 @@ class Driver:
     def drain(self) -> list[dict]:
         """Hand every observed row so far to the writers that observe its step."""
         rows = self.sim.take_rows()
+        # a row whose kinetic is not finite is of a state whose tokens or velocity are not
+        # (particles.observables makes its every column NaN)
+        bad = next((k for k, r in enumerate(rows) if not math.isfinite(r["kinetic"])), None)
+        if bad is not None:  # serve what came before, then stop: a NaN row is no result
+            self._hand_out(rows[:bad])
+            raise self.sim.velocity_blow_up(rows[bad])
+        self._hand_out(rows)
+        return rows
+
+    def _check_finite(self) -> None:
+        try:
+            self.sim.check_finite()
+        except FloatingPointError:  # BlowUpError: an earlier state's velocity may be the first
+            self.drain()            # to fail (then that is raised), and valid rows are kept
+            raise
+
+    def _hand_out(self, rows: list[dict]) -> None:
         if rows:
             for w in self.writers:
                 if w.observe is NEVER:
@@ -202,7 +219,6 @@ class Driver:
                 mine = [r for r in rows if w.observe.hits(r["step"], self.end)]
                 if mine:
                     w.on_rows(mine)
-        return rows
 
     def run(self) -> None:
         sim, end = self.sim, int(self.end)
@@ -215,7 +231,7 @@ class Driver:
             if s < end and self.should_stop is not None and self.should_stop():
                 raise Stopped(s)   # every state before s is served; state s is not yet
             if s == end:
-                sim.check_finite()
+                self._check_finite()
             stepped = self._serve(s)
             if s >= end:
                 break
@@ -237,7 +253,7 @@ class Driver:
         sim = self.sim
         sim.advance(steps, observe_every=self.observe_every)
         if self.check_every and sim.step_count % self.check_every == 0:
-            sim.check_finite()
+            self._check_finite()
         rows = []
         now = time.perf_counter()
         if drain and now - self._last_flush > self.flush_seconds:

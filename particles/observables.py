@@ -97,8 +97,15 @@ def assemble_rows(sim, step: int, red: np.ndarray, sumx: np.ndarray) -> list[dic
         row.update(energy=energy_total, kinetic=float(r[K.SLOT_KINETIC, K.RED_SUM]) / n,
                    gamma_bar=gamma_bar, eps=1.0 - gamma_bar)
         row.update(head_cols)
+        if not math.isfinite(row["kinetic"]):
+            # tokens or velocity not finite: no observable of this state means anything, and
+            # the paths' reductions treat NaN differently (max ignores it, sums do not)
+            row.update({k: math.nan for k in row if k not in INDEX_COLUMNS})
         out.append(row)
     return out
+
+
+INDEX_COLUMNS = ("step", "time", "replica", "layer")
 
 
 # the cluster measures have one home, particles.clusters (re-exported for existing callers)

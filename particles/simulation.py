@@ -406,6 +406,20 @@ class Simulation:
             return
         b, i = bad
         values = self._x.to_numpy()[b, i]
+        where = f"replica {b}, " if self.ensemble else ""
+        self._blown_up = f"blow-up at step {self.step_count}: {where}token {i} is not finite"
+        raise BlowUpError(f"{self._blown_up} (values {np.array2string(values, precision=4, threshold=8)}). "
+                          f"Likely cause: {self._likely_cause(b)}.", self.step_count, b, i)
+
+    def velocity_blow_up(self, row: dict) -> BlowUpError:
+        """The error for an observed state whose velocity is not finite (its row is all NaN),
+        though its tokens may still be: the run stops there instead of logging it."""
+        b = int(row.get("replica", 0))
+        where = f"replica {b}, " if self.ensemble else ""
+        self._blown_up = f"blow-up at step {row['step']}: {where}the velocity is not finite"
+        return BlowUpError(f"{self._blown_up}. Likely cause: {self._likely_cause(b)}.", int(row["step"]), b, -1)
+
+    def _likely_cause(self, b: int) -> str:
         # a head's own beta replaces the run's: name the largest one in force
         own = [(a.beta, h) for h, a in enumerate(self.attention) if a.beta is not None]
         beta, head = max(own + ([(float(self.betas[b]), None)] if len(own) < len(self.attention) else []),
@@ -417,11 +431,7 @@ class Simulation:
         if "exp" in rules and self.dtype == "float32":
             cause += ("; with rule 'exp' in float32, e^(beta s) overflows near beta*s = 88: "
                       "use dtype float64 or rule 'softmax'")
-        where = f"replica {b}, " if self.ensemble else ""
-        self._blown_up = f"blow-up at step {self.step_count}: {where}token {i} is not finite"
-        raise BlowUpError(f"blow-up at step {self.step_count}: {where}token {i} is not finite "
-                          f"(values {np.array2string(values, precision=4, threshold=8)}). Likely "
-                          f"cause: {cause}.", self.step_count, b, i)
+        return cause
 
     def _refuse_if_blown_up(self) -> None:
         if getattr(self, "_blown_up", None):

@@ -270,7 +270,10 @@ class Runner:
             except BlowUpError as err:
                 status = "blow-up"
                 message = str(err) + f" Outputs up to the last good step are in {self.run_dir}."
-                driver.drain()
+                try:
+                    driver.drain()
+                except BlowUpError:  # the rows after the first bad one: none of them is valid
+                    pass
         except Exception as err:  # noqa: BLE001 - a fault is recorded, then reported or re-raised
             reason = _fault(err, self.run_dir)
             try:
