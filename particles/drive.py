@@ -29,6 +29,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from .clock import step_time
+
 NEVER_STEP = 1 << 62
 
 
@@ -272,7 +274,7 @@ class Driver:
             for w in self.writers:
                 w.flush()
             for w in first:
-                w.on_state(State(s, s * sim.dt, end))
+                w.on_state(State(s, step_time(s, sim.dt), end))
         others = [w for w in firing if not w.flush_first]
         fused = self.observe_every > 0 and s % self.observe_every == 0 and s < end
         wanted = any(w.observe.hits(s, end) for w in self.writers)
@@ -289,7 +291,7 @@ class Driver:
         elif wanted or "per_token" in needs:
             sim.observe()
         per_token = sim.per_token() if "per_token" in needs else None
-        state = State(s, s * sim.dt, end, tokens, per_token)
+        state = State(s, step_time(s, sim.dt), end, tokens, per_token)
         # Row s must not reach a writer before that writer has seen state s (the log pairs
         # row s with the cluster count it computes from state s): writers that want current
         # rows are served after the others and after the drain.

@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from . import kernels as K
+from .clock import step_time
 
 RUN_COLUMNS = ("step", "time", "energy", "kinetic", "gamma_bar", "eps")
 # Observable groups a scene can switch off ([log] energy / radial / entropy); they all come
@@ -50,7 +51,7 @@ def assemble_rows(sim, step: int, red: np.ndarray, sumx: np.ndarray) -> list[dic
     out = []
     for b in range(sim.n_replicas):
         r = red[b]
-        row = {"step": step, "time": step * sim.dt}
+        row = {"step": step, "time": step_time(step, sim.dt)}
         if sim.ensemble:
             row["replica"] = b
         if sim.scheduled:

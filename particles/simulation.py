@@ -9,6 +9,7 @@ import taichi as ti
 from . import attention as attention_mod
 from . import backend, kernels, kernels_fused, kernels_gpu, paths
 from .attention import Attention
+from .clock import step_time
 from .heads import Head
 from .kernels_wide import WIDE_MIN_N, WideHeads
 from .integrators import ExplicitRK, get_integrator
@@ -279,7 +280,7 @@ class Simulation:
     # -- public API -------------------------------------------------------------------------
     @property
     def time(self) -> float:
-        return self.step_count * self.dt
+        return step_time(self.step_count, self.dt)
 
     @property
     def tokens(self) -> np.ndarray:

@@ -17,6 +17,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from particles.drive import AT_END, NEVER, At, Every, Writer, drive
+from particles.clock import step_time
 from particles.clusters import cluster_stats
 from particles.theory import eps_of_tokens
 
@@ -71,6 +72,14 @@ class _ClusteringTime(Writer):
         self.first[newly] = state.time
 
 
+def check_unit_size(unit: dict, n_heads: int) -> None:
+    """The run's size and memory check (``build.check_size``) for a unit's stacked replicas."""
+    from particles.app.build import check_size
+    scene = unit["scene"]
+    check_size(scene, n_heads, shape=(len(unit["tokens"]), int(scene["tokens"]["n"]),
+                                      int(scene["tokens"]["d"])))
+
+
 def run_unit(unit: dict) -> dict:
     """Run one work unit: one ensemble Simulation of its replicas (tokens (R, n, d), one beta
     each), recording observables / clusters at the record steps and the first step where
@@ -79,8 +88,9 @@ def run_unit(unit: dict) -> dict:
     from scenes.scene import build_heads, build_tokens
 
     scene, rec = unit["scene"], unit["record"]
-    tokens = np.stack([build_tokens(dict(t, replicas=1)) for t in unit["tokens"]])
     heads = build_heads(scene["heads"], scene["tokens"]["d"])
+    check_unit_size(unit, len(heads))   # before the replicas' tokens are stacked
+    tokens = np.stack([build_tokens(dict(t, replicas=1)) for t in unit["tokens"]])
     obs = list(rec["observables"])
     sim = build_simulation(scene, tokens=tokens, heads=heads,
                            beta=np.asarray(unit["betas"], dtype=np.float64),
@@ -93,7 +103,7 @@ def run_unit(unit: dict) -> dict:
     x = sim.native_tokens()
     nonfinite = ~np.isfinite(x).all(axis=(1, 2))
     return {"id": unit["id"], "points": list(unit["points"]), "steps": record.steps,
-            "times": [s * sim.dt for s in record.steps], "observables": obs, "values": record.values,
+            "times": [step_time(s, sim.dt) for s in record.steps], "observables": obs, "values": record.values,
             "clusters": record.clusters, "min_cosine": record.min_cos,
             "clustering_time": writers[1].first if len(writers) > 1 else None,
             "nonfinite": int(nonfinite.sum()), "arch": sim.arch, "pid": os.getpid(),
