@@ -72,8 +72,3 @@ class Schedule:
     def layer_at(self, step: int) -> int:
         """The index of the layer in force for the step from state ``step``."""
         return bisect.bisect_right(self.starts, int(step)) - 1
-
-    def steps_left_in_layer(self, step: int) -> int | None:
-        """Steps from ``step`` until the next switch (None in the last layer)."""
-        nxt = self.layer_at(step) + 1
-        return self.starts[nxt] - int(step) if nxt < len(self.starts) else None
