@@ -70,7 +70,12 @@ _DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
 
 class PretrainedError(ValueError):
     """A checkpoint, layer, head selection or text that cannot be used: the message names the
-    file (or key) and says what was given and what is allowed."""
+    file (or key) and says what was given and what is allowed. ``key`` names the argument at
+    fault where it is one ("layer", "heads", "rotary", "text"), else None (the model)."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
 
 
 # ----------------------------------------------------------------------------- the checkpoint
@@ -287,10 +292,11 @@ def _select(indices, count: int, what: str, where: str) -> list[int]:
     for i in indices:
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < count:
             raise PretrainedError(f"{where}: {what} {i!r} is out of range; the model has {count} "
-                                  f"{what}s (0..{count - 1})")
+                                  f"{what}s (0..{count - 1})", key="heads")
         out.append(int(i))
     if not out:
-        raise PretrainedError(f"{where}: no {what}s selected; give indices in 0..{count - 1}")
+        raise PretrainedError(f"{where}: no {what}s selected; give indices in 0..{count - 1}",
+                              key="heads")
     return out
 
 
@@ -356,11 +362,11 @@ def load_heads(model, layer: int = 0, heads=None, fold_layernorm: bool = False,
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or \
             not 0 <= layer < ck.n_layers:
         raise PretrainedError(f"'{cfg}': layer {layer!r} is out of range; the model has "
-                              f"{ck.n_layers} layers (0..{ck.n_layers - 1})")
+                              f"{ck.n_layers} layers (0..{ck.n_layers - 1})", key="layer")
     layer = int(layer)
     idx = _select(heads, ck.n_heads, "head", f"'{cfg}' layer {layer}")
     if rotary not in ("refuse", "drop"):
-        raise PretrainedError(f"rotary: expected 'refuse' or 'drop', got {rotary!r}")
+        raise PretrainedError(f"rotary: expected 'refuse' or 'drop', got {rotary!r}", key="rotary")
     if value not in ("weights", "score"):
         raise PretrainedError(f"value: expected 'weights' or 'score', got {value!r}")
     notes = []
@@ -371,7 +377,7 @@ def load_heads(model, layer: int = 0, heads=None, fold_layernorm: bool = False,
                 f"'{cfg}': the llama layout uses rotary position embeddings (rope_theta = "
                 f"{theta}): q_i and k_j are rotated by their positions, which a score "
                 "<x_i, M x_j> cannot express. Give rotary = 'drop' to use the heads without the "
-                "rotation (the layer as it acts on tokens all at position 0)")
+                "rotation (the layer as it acts on tokens all at position 0)", key="rotary")
         notes.append(f"rotary position embeddings (rope_theta = {theta}) dropped: the heads act "
                      "as the layer does on tokens all at position 0")
     ws, bs = _layer_weights(ck, layer)
@@ -463,7 +469,7 @@ def text_tokens(model, text: str, layernorm: bool = True, sphere: bool = True,
     ``fold_layernorm``), then onto the unit sphere (``sphere=True``) or kept as they are."""
     ck = model if isinstance(model, Checkpoint) else open_checkpoint(model)
     if not isinstance(text, str) or not text.strip():
-        raise PretrainedError(f"text: expected a non-empty string, got {text!r}")
+        raise PretrainedError(f"text: expected a non-empty string, got {text!r}", key="text")
     tok_file = ck.folder / "tokenizer.json"
     if not tok_file.is_file():
         raise PretrainedError(f"model folder '{ck.folder}' has no tokenizer.json (needed for "
@@ -482,9 +488,9 @@ def text_tokens(model, text: str, layernorm: bool = True, sphere: bool = True,
     if limit is not None and n > limit:
         raise PretrainedError(f"text: {n} tokens, longer than the model's {limit} positions "
                               f"('{ck.folder / 'config.json'}' max_position_embeddings); "
-                              "shorten the text")
+                              "shorten the text", key="text")
     if n < 2:
-        raise PretrainedError(f"text: {n} token; a flow needs at least 2")
+        raise PretrainedError(f"text: {n} token; a flow needs at least 2", key="text")
     notes = []
     if ck.layout == "bert":
         x = ck.tensor("embeddings.word_embeddings.weight")[ids]
@@ -513,10 +519,20 @@ def text_tokens(model, text: str, layernorm: bool = True, sphere: bool = True,
 
 # ----------------------------------------------------------------------------- the table
 
-def _subspace(a: np.ndarray, tol: float = 1e-10) -> np.ndarray:
-    u, s, _ = np.linalg.svd(a, full_matrices=False)
-    keep = s > tol * max(float(s[0]) if s.size else 0.0, 1e-300)
-    return u[:, keep]
+def _thin(head: Head, tol: float = 1e-10):
+    """M = A diag(S) B^T with A, B orthonormal (d x k), from the factors (no d x d SVD)."""
+    aq, rq = np.linalg.qr(head.query.T)       # Q^T = A_q R_q
+    ak, rk = np.linalg.qr(head.key.T)         # K^T = A_k R_k
+    u, sv, vt = np.linalg.svd(rq @ rk.T)
+    keep = sv > tol * max(float(sv[0]) if sv.size else 0.0, 1e-300)
+    return aq @ u[:, keep], sv[keep], ak @ vt[keep].T
+
+
+def _overlap(a, b) -> float:
+    """||M_a M_b||_op from the thin forms of M_a and M_b."""
+    ua, sa, va = a
+    ub, sb, vb = b
+    return float(np.linalg.norm((sa[:, None] * (va.T @ ub)) * sb[None, :], 2)) if sa.size and sb.size else 0.0
 
 
 def head_table(layer_heads: LayerHeads, x=None, beta: float = 1.0) -> list[dict]:
@@ -532,7 +548,8 @@ def head_table(layer_heads: LayerHeads, x=None, beta: float = 1.0) -> list[dict]
     hs = layer_heads.heads
     Ms = [h.score for h in hs]
     Vs = [h.value for h in hs]
-    ranges = [_subspace(m) for m in Ms]
+    thin = [_thin(h) for h in hs]
+    ranges = [t[0] for t in thin]
     rho = [None] * len(hs)
     if x is not None:
         x = np.asarray(x, dtype=np.float64)
@@ -558,12 +575,12 @@ def head_table(layer_heads: LayerHeads, x=None, beta: float = 1.0) -> list[dict]
         sym, anti = (m + m.T) / 2, (m - m.T) / 2
         ns = np.linalg.norm(sym)
         others = [j for j in range(len(hs)) if j != i]
-        overlap = max((float(np.linalg.norm(Ms[j] @ m, 2)) for j in others), default=float("nan"))
+        overlap = max((_overlap(thin[j], thin[i]) for j in others), default=float("nan"))
         cos = max((float(np.linalg.norm(ranges[j].T @ ranges[i], 2)) for j in others
                    if ranges[i].size and ranges[j].size), default=float("nan"))
         rows.append({
             "layer": layer_heads.layer, "head": layer_heads.indices[i],
-            "rank": int(np.linalg.matrix_rank(m)),
+            "rank": int(thin[i][1].size),
             "asymmetry": float(np.linalg.norm(anti) / ns) if ns > 0 else math.inf,
             "value_alignment": float(np.sum(v * m) / (np.linalg.norm(v) * np.linalg.norm(m))),
             "max_overlap": overlap,

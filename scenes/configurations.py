@@ -250,3 +250,13 @@ def perturb(x, noise: float, seed: int = 0) -> np.ndarray:
         return _normalise_rows(x.copy())
     return _normalise_rows(x + noise * _rng(seed, stream=1).standard_normal(x.shape),
                            "perturbed configuration")
+
+
+# ----------------------------------------------------------------------------- text
+
+def text(model, sentence: str, layernorm: bool = True) -> np.ndarray:
+    """The embeddings of ``sentence`` as the model adds them (its tokenizer; BERT: word +
+    position + token type, then the embedding LayerNorm if ``layernorm``), on the unit sphere.
+    The token strings: ``particles.pretrained.text_tokens(model, sentence).strings``."""
+    from particles.pretrained import text_tokens
+    return text_tokens(model, sentence, layernorm=layernorm).x

@@ -230,3 +230,14 @@ def matrix(score, value=None) -> Head:
     """A head from explicit d x d matrices M and (optionally) V; V defaults to M."""
     return Head.from_matrices(np.asarray(score, dtype=np.float64),
                               None if value is None else np.asarray(value, dtype=np.float64))
+
+
+# ----------------------------------------------------------------------------- pretrained
+
+def pretrained(model, layer: int = 0, select=None, fold_layernorm: bool = False,
+               rotary: str = "refuse", value_from: str = "weights") -> list[Head]:
+    """The heads of a trained model's layer (``particles.pretrained.load_heads``): a checkpoint
+    folder or an installed package; M_h = W_Q,h^T W_K,h / sqrt(d_head), V_h = W_O,h W_V,h
+    (``value_from = "score"``: V_h = M_h)."""
+    from particles.pretrained import load_heads
+    return load_heads(model, layer, select, fold_layernorm, rotary, value_from).heads

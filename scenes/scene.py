@@ -50,6 +50,8 @@ def _one_replica(t: dict, seed: int) -> np.ndarray:
                                     centers=t.get("centers"))
     elif init == "file":
         x = configurations.from_file(t["path"], n, d)
+    elif init == "text":
+        x = configurations.text(t["model"], t["text"], t.get("layernorm", True))
     else:
         raise ValueError(f"unknown init {init!r}")
     noise = t.get("noise", 0.0)
@@ -87,6 +89,11 @@ def build_head_entry(entry: dict, d: int) -> list[Head]:
     elif kind == "random":
         heads = [head_builders.random(d, entry.get("rank", d), seed + h, s)
                  for h, s in enumerate(strengths)]
+    elif kind == "pretrained":
+        heads = head_builders.pretrained(entry["model"], entry.get("layer", 0), entry.get("select"),
+                                         entry.get("fold_layernorm", False),
+                                         entry.get("rotary", "refuse"),
+                                         entry.get("value_from", "weights"))
     elif kind == "matrix":
         vm = entry.get("value_matrix")
         heads = [head_builders.matrix(_matrix(entry["score"]), None if vm is None else _matrix(vm))]

@@ -19,32 +19,35 @@ import numpy as np
 from particles.integrators import INTEGRATORS
 from particles.vocabulary import ARCHES, BUILTIN_RULES, DTYPES, GEOMETRIES, MASKS
 
-from . import configurations, head_builders
+from . import configurations, head_builders, pretrained_keys
 
 MISSING: Any = object()
 
 SECTIONS = ("tokens", "heads", "dynamics", "log", "render", "output")
 TOP_KEYS = ("name", "description") + SECTIONS + ("layers",)
 
-INITS = ("random", "equiangular", "orthogonal", "clusters", "file")
+INITS = ("random", "equiangular", "orthogonal", "clusters", "file", "text")
 TOKEN_KEYS = ("n", "d", "init", "seed", "gamma", "clusters", "spread", "centers", "path",
-              "noise", "replicas")
+              "noise", "replicas") + pretrained_keys.TOKEN_KEYS
 INIT_ONLY = {"gamma": "equiangular", "clusters": "clusters", "spread": "clusters",
-             "centers": "clusters", "path": "file"}
+             "centers": "clusters", "path": "file", **{k: "text" for k in pretrained_keys.TOKEN_KEYS}}
 
-HEAD_KINDS = ("scalar", "subspace", "near_orthogonal", "random_symmetric", "random", "matrix")
+HEAD_KINDS = ("scalar", "subspace", "near_orthogonal", "random_symmetric", "random", "matrix",
+              "pretrained")
 # a head's own attention options (any kind): rule, beta, mask, window, ALiBi slope
 HEAD_ATTENTION_KEYS = ("rule", "beta", "mask", "window", "alibi_slope")
 HEAD_KEYS = ("kind", "count", "strength", "strengths", "seed", "value", "value_noise", "block",
-             "basis", "rank", "angle", "score", "value_matrix") + HEAD_ATTENTION_KEYS
+             "basis", "rank", "angle", "score", "value_matrix") + HEAD_ATTENTION_KEYS + \
+    pretrained_keys.HEAD_KEYS
 # keys that only some kinds take, per form ("array" = [[heads]], "table" = [heads] + count)
 KIND_KEYS = {
     "array": {"scalar": (), "subspace": ("block", "basis"), "random_symmetric": (),
               "random": ("rank",), "matrix": ("score", "value_matrix")},
     "table": {"scalar": (), "subspace": ("block", "rank"), "near_orthogonal": ("rank", "angle"),
-              "random_symmetric": (), "random": ("rank",), "matrix": ("score", "value_matrix")},
+              "random_symmetric": (), "random": ("rank",), "matrix": ("score", "value_matrix"),
+              "pretrained": pretrained_keys.HEAD_KEYS},
 }
-KIND_SPECIFIC = ("block", "basis", "rank", "angle", "score", "value_matrix")
+KIND_SPECIFIC = ("block", "basis", "rank", "angle", "score", "value_matrix") + pretrained_keys.HEAD_KEYS
 VALUES = head_builders.VALUE_MODES
 
 # the integrator registry owns its names (rk4 first: the default)
@@ -338,8 +341,9 @@ def _tokens(problems, raw, base_dir: Path) -> dict:
     sec = _Section(problems, raw, "[tokens]", TOKEN_KEYS, "tokens")
     if not sec.ok:
         return sec.out
-    n = sec.take("n", integer(2), required=True)
-    d = sec.take("d", integer(2), required=True)
+    text_init = sec.raw.get("init") == "text"   # n and d then come from the text and the model
+    n = sec.take("n", integer(2), required=not text_init)
+    d = sec.take("d", integer(2), required=not text_init)
     init = sec.take("init", choice(*INITS), "random")
     sec.take("seed", integer(0), 0)
     for key, only in INIT_ONLY.items():
@@ -380,6 +384,8 @@ def _tokens(problems, raw, base_dir: Path) -> dict:
         if path is not MISSING:
             _catch(sec, "path", configurations.from_file, path,
                    n if n is not MISSING else None, d if d is not MISSING else None)
+    elif init == "text":
+        pretrained_keys.tokens(sec, base_dir, n, d)
     sec.take("noise", number(0), 0.0)
     sec.take("replicas", integer(1), 1)
     return sec.out
@@ -455,6 +461,9 @@ def _head_entry(problems, raw, label: str, form: str, d, base_dir: Path) -> dict
                 sec.not_applicable(key, f"to kind = '{kind}' in {where}")
             else:
                 sec.not_applicable(key, f"to kind = '{kind}'")
+    if kind == "pretrained":
+        pretrained_keys.head_entry(sec, base_dir, d)
+        return {k: sec.out[k] for k in HEAD_KEYS if k in sec.out}
 
     count = 1
     strengths = MISSING

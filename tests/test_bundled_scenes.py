@@ -5,10 +5,12 @@ import pytest
 from particles.output import load_log
 from particles.app.run import run_scene
 from scenes import bundled_scenes, load_scene
+from minilm import skip_without_minilm
 
 
 @pytest.mark.parametrize("name", sorted(bundled_scenes()))
 def test_bundled_scene_runs_a_few_steps(name, tmp_path):
+    skip_without_minilm(name)
     scene = load_scene(name).replace(dynamics={"steps": 4}, log={"every": 1})
     result = run_scene(scene, tmp_path / name, render=False, progress=False, echo=lambda *a: None)
     assert result.status == "completed", result.message

