@@ -2,7 +2,8 @@
 
 ``[tokens]``: ``text`` (the sentence), ``model`` (a checkpoint folder, relative to the scene's
 folder, or an installed package name), ``layernorm`` (apply the embedding LayerNorm, BERT;
-default true). ``n`` and ``d`` come from the text and the model (given, they must agree).
+default true). ``n`` and ``d`` come from the text and the model (given, they must agree), and
+the loader writes the token strings as ``strings`` (so a run's scene.toml records them).
 
 ``[heads]`` (one table): ``model``, ``layer`` (default 0), ``select`` (head indices, default
 all), ``fold_layernorm`` (default false), ``rotary`` ("refuse" | "drop", LLaMA),
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from particles import pretrained
 
-TOKEN_KEYS = ("text", "model", "layernorm")
+TOKEN_KEYS = ("text", "model", "layernorm", "strings")
 HEAD_KEYS = ("model", "layer", "select", "fold_layernorm", "rotary", "value_from")
 VALUE_FROM = ("weights", "score")
 ROTARY = ("refuse", "drop")
@@ -55,10 +56,15 @@ def tokens(sec, base_dir, n, d) -> None:
     if S.MISSING in (text, model, layernorm):
         return
     try:
-        x = pretrained.text_tokens(model, text, layernorm=layernorm).x
+        tt = pretrained.text_tokens(model, text, layernorm=layernorm)
     except pretrained.PretrainedError as exc:
         _problem(sec, exc, "model" if "text:" not in str(exc) else "text")
         return
+    x = tt.x
+    if sec.has("strings") and sec.raw["strings"] != tt.strings:
+        sec.problem("strings", f"are {S.show(sec.raw['strings'])}, but the model's tokenizer gives "
+                               f"{S.show(tt.strings)}; omit them (the loader writes them)")
+    sec.out["strings"] = list(tt.strings)   # the token strings, recorded with the run's scene
     for key, given, got in (("n", n, x.shape[0]), ("d", d, x.shape[1])):
         if given is not S.MISSING and given is not None and given != got:
             what = "tokens in the text" if key == "n" else "the model's hidden size"
@@ -77,12 +83,13 @@ def _select(v):
 def head_entry(sec, base_dir, d) -> None:
     """Validate a [heads] kind = "pretrained" table (reads the model's config and one layer)."""
     from . import schema as S
-    for key in ("count", "strength", "strengths"):
+    for key in ("strength", "strengths"):
         sec.not_applicable(key, "to kind = 'pretrained' (the heads are the model's: pick them "
                                 "with select; scale them with beta)")
     for key in ("value", "value_noise"):
         sec.not_applicable(key, "to kind = 'pretrained' (value_from = 'weights' keeps the "
                                 "model's values, 'score' replaces them by M)")
+    count = sec.take("count", S.integer(1), store=False) if sec.has("count") else None
     model = _model(sec, base_dir)
     layer = sec.take("layer", S.integer(0), 0)
     select = sec.take("select", S.Spec("a non-empty list of distinct head indices >= 0",
@@ -100,6 +107,9 @@ def head_entry(sec, base_dir, d) -> None:
         _problem(sec, exc, "model")
         return
     sec.out["count"] = len(lh.heads)
+    if count not in (None, S.MISSING) and count != len(lh.heads):
+        sec.problem("count", f"is {count}, but the selection gives {len(lh.heads)} heads; omit it "
+                             "(the heads are picked with select)")
     if d is not S.MISSING and lh.heads[0].dim != d:
         sec.problem("model", f"has hidden size {lh.heads[0].dim}, but [tokens] d = {d}; give "
                              f"d = {lh.heads[0].dim} or init = 'text' with this model")

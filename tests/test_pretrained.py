@@ -334,6 +334,7 @@ def test_scene_text_tokens_and_pretrained_heads(tmp_path):
     scene = _scene(tmp_path, heads={"select": [3, 1]})
     t = scene.data["tokens"]
     assert (t["n"], t["d"]) == (8, 8) and t["model"] == str((tmp_path / "m").resolve())
+    assert t["strings"] == ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "[SEP]"]
     assert scene.n_heads == 2 and "mask" not in scene.data["heads"]
     want = P.load_heads(tmp_path / "m", 1, heads=[3, 1])
     for a, b in zip(scene.heads(), want.heads):
@@ -355,8 +356,10 @@ def test_scene_of_a_causal_model_gets_the_causal_mask(tmp_path):
     ({"select": [0, 4]}, None, r"\[heads\] select: .*head 4 is out of range; the model has 4 heads"),
     ({"select": []}, None, r"\[heads\] select: expected a non-empty list"),
     ({"strength": 2.0}, None, r"\[heads\] strength: does not apply to kind = 'pretrained'"),
+    ({"count": 3}, None, r"\[heads\] count: is 3, but the selection gives 4 heads"),
     ({"model": "nowhere/m"}, None, r"\[heads\] model: model '.*nowhere/m': no such folder"),
     (None, {"d": 5}, r"\[tokens\] d: is 5, but init = 'text' gives 8"),
+    (None, {"strings": ["x"]}, r"\[tokens\] strings: are \['x'\], but the model's tokenizer gives"),
     (None, {"text": "the cat " * 10}, r"\[tokens\] text: text: 22 tokens, longer than the model's 16 positions"),
 ])
 def test_scene_bad_input_names_the_key(tmp_path, heads, tokens, match):
