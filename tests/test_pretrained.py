@@ -285,6 +285,18 @@ def test_text_longer_than_the_positions(tmp_path):
         P.text_tokens(tmp_path / "m", "the cat sat on the mat .")
 
 
+def test_missing_tokenizers_names_the_extra(tmp_path, monkeypatch):
+    make_checkpoint(tmp_path / "m", "bert", d=8, H=2)
+    real = P.importlib.import_module
+    def fake(name, *a):
+        if name == "tokenizers":
+            raise ImportError(name)
+        return real(name, *a)
+    monkeypatch.setattr(P.importlib, "import_module", fake)
+    with pytest.raises(P.PretrainedError, match=r"pip install 'attention-particles\[pretrained\]'"):
+        P.text_tokens(tmp_path / "m", "the cat")
+
+
 def test_missing_model_names_the_install(tmp_path):
     with pytest.raises(P.PretrainedError, match="no such folder"):
         P.load_heads(tmp_path / "nope" / "x", 0)
