@@ -8,7 +8,12 @@ from scenes import bundled_scenes, load_scene
 from minilm import skip_without_minilm
 
 
-@pytest.mark.parametrize("name", sorted(bundled_scenes()))
+# the fast tier runs these; the others (each compiling its own kernels) only in the full suite
+FAST = {"quickstart", "three_layers", "causal_kpr", "relu_vs_softmax_relu", "radial_shadow_flat"}
+
+
+@pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in sorted(bundled_scenes())])
 def test_bundled_scene_runs_a_few_steps(name, tmp_path):
     skip_without_minilm(name)
     scene = load_scene(name).replace(dynamics={"steps": 4}, log={"every": 1})

@@ -1,5 +1,7 @@
 """Random and malformed scenes: every one ends in a valid run or a clear SceneError, never a crash."""
 import tempfile
+
+import pytest
 from pathlib import Path
 
 from hypothesis import HealthCheck, event, given, settings, strategies as st
@@ -87,11 +89,23 @@ valid_scenes = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(valid_scenes)
-def test_valid_parameter_combinations_run_or_report_a_blow_up(raw):
+def _runs_or_blows_up(raw):
     scene = Scene.from_dict(raw)
     with tempfile.TemporaryDirectory() as tmp:
         result = run_scene(scene, Path(tmp) / "run", **QUIET)
         assert result.status in ("completed", "blow-up"), result.message
         event(result.status)
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(valid_scenes)
+def test_valid_parameter_combinations_run_or_report_a_blow_up(raw):
+    _runs_or_blows_up(raw)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(valid_scenes)
+def test_a_few_valid_parameter_combinations_run_or_report_a_blow_up(raw):
+    """The fast tier's sample of the one above (each combination compiles its kernels)."""
+    _runs_or_blows_up(raw)

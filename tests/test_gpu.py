@@ -57,13 +57,16 @@ def check(*args, **env):
     return proc.stdout
 
 
-@pytest.mark.parametrize("rule, d", [("exp", 5), ("softmax", 5), ("relu", 5), ("user", 5), ("softmax", 40)])
+@pytest.mark.parametrize("rule, d", [("exp", 5), pytest.param("softmax", 5, marks=pytest.mark.slow),
+                                     pytest.param("relu", 5, marks=pytest.mark.slow), ("user", 5),
+                                     pytest.param("softmax", 40, marks=pytest.mark.slow)])
 def test_engine_and_observables_match_reference_on_gpu(gpu_arch, rule, d):
     """Velocity, Euler and RK4 steps, every observable, sphere and flat, float32 tolerance,
     over several row blocks and key tiles of the tiled pair pass (d = 40: one row per thread)."""
     assert f"ok on {gpu_arch}" in check("engine", rule, 300, d)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n, d", [(600, 5), (300, 40)])
 def test_masks_biases_and_positional_rules_match_reference_on_gpu(gpu_arch, n, d):
     """Causal and window masks (band-limited key tiles), ALiBi, per-head rules and betas and a
@@ -72,10 +75,12 @@ def test_masks_biases_and_positional_rules_match_reference_on_gpu(gpu_arch, n, d
     assert f"ok on {gpu_arch}" in check("positions", n, d)
 
 
+@pytest.mark.slow
 def test_ensemble_matches_reference_on_gpu(gpu_arch):
     assert f"ok on {gpu_arch}" in check("ensemble")
 
 
+@pytest.mark.slow
 def test_runs_on_gpu_are_bitwise_reproducible(gpu_arch):
     assert f"ok on {gpu_arch}" in check("reproducible")
 
@@ -96,6 +101,7 @@ def test_auto_takes_a_hardware_gpu_and_passes_over_a_software_one(gpu_arch, tmp_
     assert meta["arch"] == want and meta["arch_requested"] == "auto"
 
 
+@pytest.mark.slow
 def test_200_steps_on_gpu_agree_with_cpu(gpu_arch, tmp_path):
     for arch in ("cpu", "gpu"):
         check("trajectory", tmp_path / f"{arch}.npz", arch)
@@ -108,6 +114,7 @@ def test_200_steps_on_gpu_agree_with_cpu(gpu_arch, tmp_path):
     np.testing.assert_allclose(gpu["log"], cpu["log"], rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_scene_runs_end_to_end_on_gpu_with_video(gpu_arch, tmp_path):
     out = tmp_path / "qs"
     proc = _run("-m", "particles", "run", "quickstart", "--arch", "gpu", "--steps", 20, "--out", out,
@@ -144,6 +151,7 @@ def test_user_rule_that_does_not_compile_on_gpu_names_the_rule_and_function(gpu_
     assert f"on arch '{gpu_arch}'" in message and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_gpu_benchmark_runs_at_small_size(gpu_arch):
     """benchmarks/gpu.py --small on this device: one table, a finite rate per case."""
     proc = _run(ROOT / "benchmarks" / "gpu.py", "--small", "--min-time", "0.2")

@@ -278,6 +278,7 @@ def test_cli_compare_with_a_missing_report_is_a_user_error(tmp_path, capsys):
     assert "nope.json" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_causal_collapse_onto_the_first_token(tmp_path):
     """e8 (quick, ~10 s): every run collapses onto token 0's start, token 0 never moves, the
     others do, and without the mask the cluster forms elsewhere."""

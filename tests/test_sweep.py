@@ -311,6 +311,7 @@ def test_other_sweep_in_same_folder_is_refused(reference_run, tmp_path):
 # ----------------------------------------------------------------------------- Ray
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_ray_executor_gives_the_same_table(reference_run, tmp_path):
     pytest.importorskip("ray")
     _, _, ref = reference_run
