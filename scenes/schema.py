@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from particles.integrators import INTEGRATORS
+from particles import validation
 from particles.vocabulary import ARCHES, BUILTIN_RULES, DTYPES, GEOMETRIES, MASKS
 
 from . import configurations, head_builders, pretrained_keys
@@ -52,7 +53,7 @@ VALUES = head_builders.VALUE_MODES
 
 # the integrator registry owns its names (rk4 first: the default)
 INTEGRATOR_NAMES = tuple(sorted(INTEGRATORS, key=lambda name: name != "rk4"))
-MAX_STEPS = 10**12   # a run of more steps could never finish (and step counts stay exact)
+MAX_STEPS = validation.MAX_STEPS   # one limit for the scene loader and the API
 DYNAMICS_KEYS = ("geometry", "rule", "rule_file", "beta", "betas", "dt", "steps", "t_end",
                  "integrator", "dtype", "arch", "mask", "window", "alibi", "layer_every")
 LAYER_KEYS = ("start", "heads", "rule", "mask", "window", "alibi")
@@ -657,7 +658,14 @@ def _dynamics(problems, raw, base_dir: Path, replicas) -> dict:
         if steps is not MISSING and steps > MAX_STEPS:
             sec.problem("steps", f"{steps} steps could never finish; at most {MAX_STEPS}")
     sec.take("integrator", choice(*INTEGRATOR_NAMES), "rk4")
-    sec.take("dtype", choice(*DTYPES), "float32")
+    dtype = sec.take("dtype", choice(*DTYPES), "float32")
+    if dtype is not MISSING:   # the API's check (particles.validation), so the two never drift
+        for key in ("beta", "betas", "dt"):
+            value = sec.out.get(key, MISSING)
+            why = validation.dtype_problem(value, dtype) if value is not MISSING else None
+            if why is not None:
+                sec.problem(key, f"{key} = {show(value)} {why}; use dtype = 'float64' or a value "
+                                 "in range")
     sec.take("arch", choice(*ARCHES), "cpu")
     _mask_keys(sec, "none")
     sec.take("alibi", boolean(), False)

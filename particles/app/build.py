@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from particles import validation
+from particles.errors import ParticlesUserError
+
 from particles.attention import Attention, alibi_slopes
 from particles.rules import get_rule, load_rule_file
 from particles.schedule import Layer, Schedule
@@ -37,99 +40,75 @@ def load_scene_rule(scene, echo=None) -> str:
 
 def estimate_bytes(n: int, d: int, n_heads: int, replicas: int, dtype: str,
                    entropy_rate: bool = False) -> int:
-    """Memory a Simulation of this size takes at most (device arrays at the largest head
-    ranks r = rv = d, plus the float64 host copies of the tokens)."""
+    """Memory a Simulation of this size takes at most (``particles.validation.estimate_bytes``,
+    the estimate the Simulation itself checks before it allocates)."""
     from particles.kernels import n_tok_slots
-    item = 4 if dtype == "float32" else 8
-    R, H, r = replicas, n_heads, d
-    per_token = (4 * d                     # x, xdot and two integrator stages
-                 + H * d + 4 * H           # head outputs, row statistics
-                 + n_tok_slots(H)          # per-token observables
-                 + H * 4 * r               # q, k, u, g
-                 + (H * 3 * r if entropy_rate else 0))
-    return R * n * (per_token * item + 3 * d * 8)
+    return validation.estimate_bytes(n, d, n_heads, replicas, dtype, n_tok_slots(n_heads),
+                                     entropy_rate)
 
 
 def available_bytes() -> int | None:
     """Memory the system can give now (MemAvailable), None where it cannot say."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        import os
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+    return validation.available_bytes()
 
 
-def check_size(data: dict, n_heads: int, echo=None) -> None:
+def check_size(data: dict, n_heads: int, echo=None, shape=None) -> None:
     """ValueError, with the figures, when the run cannot fit in memory; a warning when one
-    step is so large that it takes hours."""
+    step is so large that it takes hours. shape: (R, n, d) of tokens given in place of the
+    scene's (a sweep unit's stacked replicas, a re-render's saved tokens)."""
     tok, dyn = data["tokens"], data["dynamics"]
-    n, d, R = int(tok["n"]), int(tok["d"]), int(tok.get("replicas", 1) or 1)
+    if shape is not None:
+        R, n, d = (1,) + tuple(shape) if len(shape) == 2 else tuple(shape)
+    else:
+        n, d, R = int(tok["n"]), int(tok["d"]), int(tok.get("replicas", 1) or 1)
     entropy = bool(data.get("log", {}).get("entropy_rate", False))
     need = estimate_bytes(n, d, n_heads, R, dyn["dtype"], entropy)
     have = available_bytes()
     if have is not None and need > have:
-        raise ValueError(f"[tokens] n = {n} (d = {d}, {n_heads} heads, {R} replicas, {dyn['dtype']}) "
-                         f"needs about {need / 2**30:.1f} GiB of memory, but {have / 2**30:.1f} GiB "
-                         "is available; use fewer tokens or replicas")
+        raise ParticlesUserError(f"[tokens] n = {n} (d = {d}, {n_heads} heads, {R} replicas, "
+                                 f"{dyn['dtype']}) needs about {need / 2**30:.1f} GiB of memory, but "
+                                 f"{have / 2**30:.1f} GiB is available; use fewer tokens or replicas")
     pairs = float(R) * n_heads * n * n
     if pairs > CPU_PAIR_LIMIT and dyn.get("arch", "cpu") == "cpu":
-        raise ValueError(f"[tokens] n = {n} ({n_heads} heads, {R} replicas) means {pairs:.2g} token "
-                         "pairs per evaluation of the O(n^2) pair pass: on a CPU one evaluation "
-                         "takes hours, inside a single kernel call that Ctrl-C cannot interrupt. "
-                         f"Use fewer tokens (n^2 x heads x replicas up to {CPU_PAIR_LIMIT:.0e}) or "
-                         "arch = 'gpu'")
+        raise ParticlesUserError(
+            f"[tokens] n = {n} ({n_heads} heads, {R} replicas) means {pairs:.2g} token "
+            "pairs per evaluation of the O(n^2) pair pass: on a CPU one evaluation "
+            "takes hours, inside a single kernel call that Ctrl-C cannot interrupt. "
+            f"Use fewer tokens (n^2 x heads x replicas up to {CPU_PAIR_LIMIT:.0e}) or "
+            "arch = 'gpu'")
     if pairs > SLOW_PAIRS and echo is not None:
         echo(f"warning: n = {n} means {pairs:.2g} token pairs per evaluation (the pair pass is "
              "O(n^2)); one step may take minutes to hours, and so does the warm-up")
 
 
 def _check_finite_in_dtype(data: dict, heads, beta) -> None:
-    """ValueError naming the key whose value overflows (or underflows to 0) in the run's dtype."""
-    dyn = data["dynamics"]
-    real = np.dtype(dyn["dtype"])
-    limit = f"the largest {real.name} is {np.finfo(real).max:.3g}"
-
-    def bad(key, value, why):
-        return ValueError(f"[dynamics] {key} = {value!r} is {why} in {real.name} ({limit}, the "
-                          f"smallest positive {np.finfo(real).tiny:.3g}); use dtype = 'float64' "
-                          "or a value in range")
-
-    for key, value in (("beta" if np.ndim(beta) == 0 else "betas", beta), ("dt", dyn["dt"])):
-        with np.errstate(over="ignore", under="ignore"):
-            cast = np.asarray(value, dtype=np.float64).astype(real)
-        if not np.all(np.isfinite(cast)):
-            raise bad(key, value, "not finite")
-        if np.any(cast == 0):
-            raise bad(key, value, "zero")
-    _check_heads_in_dtype(real, "[heads]", heads, [])
+    """ValueError naming the key whose value overflows (or underflows to 0) in the run's dtype
+    (``particles.validation.dtype_problem``, the check the Simulation makes)."""
+    dtype = data["dynamics"]["dtype"]
+    for key, value in (("beta" if np.ndim(beta) == 0 else "betas", beta), ("dt", data["dynamics"]["dt"])):
+        why = validation.dtype_problem(value, dtype)
+        if why is not None:
+            raise ParticlesUserError(f"[dynamics] {key} = {value!r} {why}; use dtype = 'float64' "
+                                     "or a value in range")
+    _check_heads_in_dtype(np.dtype(dtype), "[heads]", heads, [])
 
 
 def _check_heads_in_dtype(real, where: str, heads, attention) -> None:
     """Every head's matrices and its own beta and ALiBi slope stay finite in the run's dtype."""
-    limit = f"the largest {real.name} is {np.finfo(real).max:.3g}"
     for i, head in enumerate(heads):
         parts = ((head.query, head.key, head.value_in, head.value_out) if hasattr(head, "query")
                  else head if isinstance(head, tuple) else (head,))
         for part in parts:
-            with np.errstate(over="ignore"):
-                if not np.all(np.isfinite(np.asarray(part, dtype=np.float64).astype(real))):
-                    raise ValueError(f"{where} head {i}: a matrix entry is not finite in {real.name} "
-                                     f"({limit}); use dtype = 'float64' or smaller strengths")
+            why = validation.dtype_problem(part, real.name)
+            if why is not None and "not finite" in why:
+                raise ParticlesUserError(f"{where} head {i}: a matrix entry {why}; use dtype = "
+                                         "'float64' or smaller strengths")
     for i, att in enumerate(attention):
         for key, value in (("beta", att.beta), ("alibi_slope", att.alibi)):
-            with np.errstate(over="ignore", under="ignore"):
-                cast = real.type(value or 0.0)
-            if not np.isfinite(cast) or (value and cast == 0):
-                raise ValueError(f"{where} head {i}: {key} = {value!r} is {'zero' if np.isfinite(cast) else 'not finite'} "
-                                 f"in {real.name} ({limit}, the smallest positive "
-                                 f"{np.finfo(real).tiny:.3g}); use dtype = 'float64' or a value in range")
+            why = validation.dtype_problem(value or 0.0, real.name)
+            if why is not None:
+                raise ParticlesUserError(f"{where} head {i}: {key} = {value!r} {why}; use dtype = "
+                                         "'float64' or a value in range")
 
 
 def build_simulation(scene, *, tokens=None, heads=None, beta=None, entropy_rate=None,
@@ -147,8 +126,9 @@ def build_simulation(scene, *, tokens=None, heads=None, beta=None, entropy_rate=
         heads = scene.heads()
     if beta is None:
         beta = dyn.get("betas") or dyn["beta"]
+    # every path in (run, sweep unit, re-render) passes the same size check before allocating
+    check_size(data, len(heads), echo, shape=None if tokens is None else np.shape(tokens))
     if tokens is None:
-        check_size(data, len(heads), echo)
         tokens = scene.tokens()
     _check_finite_in_dtype(data, heads, beta)
     if entropy_rate is None:

@@ -37,8 +37,9 @@ def _user_errors():
     from particles.output import RunFileError
     from particles.rules import RuleFileError
     from particles.app.run_dir import RunDirError
+    from particles.errors import ParticlesUserError
     return (UserError, SceneError, ArchError, RuleCompileError, FileNotFoundError, SymlinkRefused,
-            RunFileError, RunDirError, RuleFileError)
+            RunFileError, RunDirError, RuleFileError, ParticlesUserError)
 
 
 def _load(scene_arg: str, overrides, steps=None, arch=None, dtype=None):

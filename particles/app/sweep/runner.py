@@ -34,6 +34,7 @@ def run_sweep(path, out_dir, executor: str = "local", address: str | None = None
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise SweepError("--workers", [f"expected an integer >= 1, got {workers!r}"],
                          is_file=False, what="sweep option")
+    _check_sizes(sweep.units)   # refused here, with the figures, before any unit allocates
     say = echo or (lambda _msg: None)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     lock = RunDirLock(Path(out_dir), "sweep").acquire()   # two sweeps at once would double rows
@@ -77,3 +78,17 @@ def run_sweep(path, out_dir, executor: str = "local", address: str | None = None
         store.write_meta(status, {"last_run": run})
         lock.release()
     return store.results
+
+
+def _check_sizes(units) -> None:
+    """Every unit passes the size and memory check a run passes (``build.check_size``)."""
+    from scenes.scene import build_heads
+    seen = set()
+    for unit in units:
+        scene = unit["scene"]
+        key = (scene["tokens"]["n"], scene["tokens"]["d"], len(unit["tokens"]),
+               scene["dynamics"].get("dtype"), scene["dynamics"].get("arch"), repr(scene["heads"]))
+        if key in seen:
+            continue
+        seen.add(key)
+        ex_mod.check_unit_size(unit, len(build_heads(scene["heads"], scene["tokens"]["d"])))
