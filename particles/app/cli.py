@@ -78,13 +78,17 @@ def _exit_code(result) -> int:
 
 
 def cmd_run(args) -> int:
+    from particles.app.interrupts import DeferredInterrupts
     from particles.app.run import run_scene
-    scene = _load(args.scene, args.set, args.steps, args.arch, args.dtype)
-    result = run_scene(scene, args.out, render=not args.no_render, progress=not args.quiet,
-                       checkpoint_every=args.checkpoint_every or 0, echo=print,
-                       overwrite=args.overwrite)
-    _print_summary(result)
-    return _exit_code(result)
+    # signals deferred from the scene's load to the last line printed: the run stops at a
+    # served state, a signal while it closes changes nothing, and the run's status is the code
+    with DeferredInterrupts():
+        scene = _load(args.scene, args.set, args.steps, args.arch, args.dtype)
+        result = run_scene(scene, args.out, render=not args.no_render, progress=not args.quiet,
+                           checkpoint_every=args.checkpoint_every or 0, echo=print,
+                           overwrite=args.overwrite)
+        _print_summary(result)
+        return _exit_code(result)
 
 
 def cmd_resume(args) -> int:
@@ -92,10 +96,13 @@ def cmd_resume(args) -> int:
     run_dir = Path(args.run_dir)
     if not (run_dir / "scene.toml").is_file():
         raise UserError(f"{str(run_dir)!r} is not a run directory (no scene.toml in it)")
-    result = resume_run(run_dir, steps=args.steps, render=not args.no_render, progress=not args.quiet,
-                        checkpoint_every=args.checkpoint_every or 0, echo=print)
-    _print_summary(result)
-    return _exit_code(result)
+    from particles.app.interrupts import DeferredInterrupts
+    with DeferredInterrupts():   # as for run: deferred to the last line printed
+        result = resume_run(run_dir, steps=args.steps, render=not args.no_render,
+                            progress=not args.quiet, checkpoint_every=args.checkpoint_every or 0,
+                            echo=print)
+        _print_summary(result)
+        return _exit_code(result)
 
 
 def _print_summary(result) -> None:
@@ -336,7 +343,11 @@ def main(argv=None) -> int:
             parser.print_help()
             return 0
         user_errors = _import_deferring_signals(args.command)
-        return args.func(args)
+        code = args.func(args)
+        if argv is None:   # the program: its work is written, a late signal must not kill it
+            from particles.app.interrupts import ignore_signals
+            ignore_signals()
+        return code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

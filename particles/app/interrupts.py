@@ -15,22 +15,35 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class DeferredInterrupts:
-    """Context manager: once ``arm()`` is called, SIGINT/SIGTERM set ``signum`` instead of
-    raising; before that (while a run is built and compiled, with nothing to save yet) they
-    raise KeyboardInterrupt at once. Main thread only; elsewhere it does nothing, as no
-    signal is delivered there."""
+    """Context manager: while it is entered, SIGINT/SIGTERM only set ``signum``; nothing is
+    ever raised at an arbitrary bytecode (Taichi 1.7 has bare ``except:`` clauses on its
+    kernel definition and compile path that would swallow a KeyboardInterrupt raised there,
+    and the run would carry on). Before ``arm()`` (a run being built and compiled, nothing to
+    save yet) the builder asks ``raise_if_requested()`` at safe points and stops; after it,
+    the drive loop asks ``requested()`` at fully served states. Entered inside another
+    DeferredInterrupts, a signal it recorded is handed to the outer one on exit, so it is
+    never lost. Main thread only; elsewhere it does nothing, as no signal is delivered there.
+
+    A second signal while a run closes (its last rows, checkpoint, video and run.json being
+    written) changes nothing: the close finishes, and the run's own status decides the exit
+    code (0 completed, 130 interrupted)."""
 
     def __init__(self):
         self.signum = None
+        self.count = 0
         self.armed = False
         self._previous = {}
 
     def arm(self) -> None:
         self.armed = True
 
-    def _handler(self, signum, frame):
-        if not self.armed:
+    def raise_if_requested(self) -> None:
+        """KeyboardInterrupt here, at a safe point, if a signal has arrived."""
+        if self.signum is not None:
             raise KeyboardInterrupt
+
+    def _handler(self, signum, frame):
+        self.count += 1
         if self.signum is None:
             self.signum = signum
 
@@ -45,13 +58,31 @@ class DeferredInterrupts:
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handler)
+            for previous in self._previous.values():   # nested: what the outer one has seen
+                other = getattr(previous, "__self__", None)
+                if isinstance(other, DeferredInterrupts) and other.signum is not None:
+                    self.signum = self.signum or other.signum
         return self
 
     def __exit__(self, *exc):
         for sig, previous in self._previous.items():
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        outer = {getattr(p, "__self__", None) for p in self._previous.values()}
         self._previous = {}
+        for other in outer:   # nested: the outer deferral learns of the signal too
+            if isinstance(other, DeferredInterrupts) and self.signum is not None:
+                other.count += self.count
+                if other.signum is None:
+                    other.signum = self.signum
         return False
 
 
-__all__ = ["DeferredInterrupts"]
+def ignore_signals() -> None:
+    """SIGINT and SIGTERM ignored from here on (the program's work is written; Python's
+    teardown, and Taichi's, must not turn a late signal into a kill by signal)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
+
+__all__ = ["DeferredInterrupts", "ignore_signals"]

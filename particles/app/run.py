@@ -110,6 +110,8 @@ class Runner:
         self.show_progress = progress
         self.fingerprint = scene_fingerprint(scene)
         self.sim = sim = build_simulation(scene, echo=echo)
+        if interrupts is not None:
+            interrupts.raise_if_requested()   # a signal during the build and compile stops here
         self.log_every = int(log.every)
         traj_every = int(log.trajectory_every)
         clusters_every = int(log.clusters_every)
@@ -159,6 +161,7 @@ class Runner:
         self.checkpoint = (CheckpointWriter(self.run_dir, self.checkpoint_every, self._checkpoint_state)
                            if self.checkpoint_every else None)
         if interrupts is not None:
+            interrupts.raise_if_requested()
             interrupts.arm()   # from here on a signal stops the loop at a served state
         self._write_run_json("running")
 
