@@ -1,10 +1,36 @@
 """A user rule compiled alone on the active arch before the engine's kernels are built, so
 that a function Taichi cannot compile (NumPy inside a kernel, a 64-bit exp on SPIR-V, ...)
 is reported by rule, function and file instead of as a traceback from deep in the engine."""
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import taichi as ti
 
 from . import backend
 from .rules import Rule
+
+PROBE_SECONDS = float(os.environ.get("PARTICLES_RULE_PROBE_SECONDS", "60"))   # per probe child
+
+# the edge cases a rule meets in the pair loop: z = 0, small and large |z| (z = beta * s);
+# a position-aware kernel also i == j (the diagonal every row sees), i = 0 and j = n - 1
+Z_EDGES = (0.0, 0.5, -0.5, 30.0, -30.0, 1e4, -1e4)
+POSITION_EDGES = ((0, 0, 1), (0, 0, 3), (1, 1, 3), (2, 2, 3), (0, 2, 3), (2, 0, 3), (1, 0, 2))
+
+_CHILD = """
+import sys
+sys.path.insert(0, sys.argv[4])
+from particles import backend
+backend.init("cpu")
+from particles.rules import get_rule, load_rule_file
+load_rule_file(sys.argv[2])
+from particles.rule_check import probe_edges
+probe_edges(get_rule(sys.argv[1]), sys.argv[3])
+print("probe ok")
+"""
+_PROBED: dict = {}
 
 
 class RuleCompileError(ValueError):
@@ -22,6 +48,65 @@ def check_rule_compiles(rule: Rule, dtype: str) -> None:
     the rule and the function that fails. Built-in rules are part of the engine: not probed."""
     if rule.source == "built-in":
         return
+    probe_in_child(rule, dtype)
+    probe_edges(rule, dtype)
+
+
+def _where(rule: Rule, source=None) -> str:
+    return f"rule {rule.name!r} (from {source or rule.source})"
+
+
+def probe_in_child(rule: Rule, dtype: str) -> None:
+    """Evaluate a rule from a file at its edge cases in a child process under a time limit,
+    so a crash (SIGFPE from an integer division by zero at i == j, a segfault) or an
+    endless loop becomes a RuleCompileError naming the rule instead of taking the process
+    down. Rules defined elsewhere (a notebook) cannot be re-made in a child: skipped."""
+    from .rules import _LOADED_FILES
+    files = [path for path, names in _LOADED_FILES.items() if rule.name in names]
+    if not files:
+        return
+    source = Path(files[-1])
+    key = (rule.name, str(source), source.stat().st_mtime_ns, dtype)
+    if key in _PROBED:
+        return
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    try:
+        proc = subprocess.run([sys.executable, "-c", _CHILD, rule.name, str(source), dtype, root],
+                              capture_output=True, text=True, timeout=PROBE_SECONDS, env=env,
+                              stdin=subprocess.DEVNULL, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        raise RuleCompileError(
+            f"{_where(rule, source)} did not return within {PROBE_SECONDS:g} s when evaluated at its edge "
+            f"cases (z in {list(Z_EDGES)}{', i == j, i = 0, j = n - 1' if rule.positional else ''}) "
+            "in a separate process: it loops forever or is far too slow for the pair loop, "
+            "which calls it n^2 times per step") from None
+    if proc.returncode < 0:
+        try:
+            name = signal.Signals(-proc.returncode).name
+        except ValueError:
+            name = f"signal {-proc.returncode}"
+        hint = (" (an integer division or modulo by zero: with a causal or window mask i - j is 0 "
+                "on the diagonal; divide floats, or guard the case)" if name == "SIGFPE" else "")
+        raise RuleCompileError(
+            f"{_where(rule, source)} crashed the process with {name}{hint} when evaluated at its edge "
+            f"cases (z in {list(Z_EDGES)}"
+            f"{', (i, j, n) in ' + str(list(POSITION_EDGES)) if rule.positional else ''}); "
+            "nothing was run")
+    if proc.returncode != 0 or "probe ok" not in proc.stdout:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        last = lines[-1] if lines else f"exit status {proc.returncode}"
+        if "RuleCompileError" in last:
+            last = last.split(":", 1)[1].strip()
+            raise RuleCompileError(last)
+        raise RuleCompileError(f"{_where(rule, source)} failed when evaluated at its edge cases in a "
+                               f"separate process: {last}")
+    _PROBED[key] = True
+
+
+def probe_edges(rule: Rule, dtype: str) -> None:
+    """Compile each of the rule's functions and run it at the edge cases; RuleCompileError
+    naming the rule and the function that fails."""
     real = ti.f32 if dtype == "float32" else ti.f64
     for role, fn in (("kernel", rule.kernel), ("potential", rule.potential)):
         if fn is None:
@@ -30,16 +115,18 @@ def check_rule_compiles(rule: Rule, dtype: str) -> None:
         positional = role == "kernel" and rule.positional
 
         @ti.kernel
-        def probe(z: real) -> real:
+        def probe(z: real, i: ti.i32, j: ti.i32, n: ti.i32) -> real:
             value = ti.cast(0, real)
             if ti.static(positional):
-                value = ti.cast(taichi_fn(z, 1, 0, 2), real)
+                value = ti.cast(taichi_fn(z, i, j, n), real)
             else:
                 value = ti.cast(taichi_fn(z), real)
             return value
 
         try:
-            probe(0.5)
+            for z in Z_EDGES:
+                for i, j, n in (POSITION_EDGES if positional else ((0, 0, 1),)):
+                    probe(z, i, j, n)
         except Exception as err:  # noqa: BLE001 - any compile failure is the rule's
             name = getattr(fn, "__name__", repr(fn))
             raise RuleCompileError(
