@@ -5,6 +5,7 @@ Exit codes: 0 success, 2 a user error (one paragraph, no traceback), 1 an intern
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import textwrap
 from pathlib import Path
@@ -114,21 +115,29 @@ def _print_summary(result) -> None:
         lines.append(f"  trajectory:    {result.trajectory}")
     if result.video:
         lines.append(f"  video:         {result.video}")
-    if s.get("energy_first") is not None and result.status != "failed":
-        mono = s["per_head_energy_monotone"]
-        lines += [f"  final eps = 1 - mean cosine: {s['final_eps']:.4g}",
-                  f"  energy: {s['energy_first']:.6g} -> {s['energy_last']:.6g} (change {s['energy_change']:+.4g})",
-                  f"  Condition 8 (radial dominance rho_h <= 1) held throughout: "
-                  f"{'yes' if s['condition8_held'] else 'no'} (max rho per head: "
-                  + ", ".join(f"{r:.3g}" for r in s["max_radial_dominance"]) + ")",
-                  f"  per-head energies monotone: "
-                  + ", ".join(f"h{h} {'n/a (no potential)' if m is None else 'yes' if m else 'no'}"
-                               for h, m in enumerate(mono))]
-        if s.get("energy_note"):
-            lines.append(f"  note: {s['energy_note']}")
+    if s and result.status != "failed":
+        lines += _summary_lines(s)
     if result.message and result.status != "failed":
         lines.append("  " + result.message)
     print("\n".join(lines))
+
+
+def _summary_lines(s: dict) -> list[str]:
+    """The headline figures of a run (``s``: its summary, as run.json records it)."""
+    from particles.app.summary import condition8_lines
+    lines = [f"  final eps = 1 - mean cosine: {s['final_eps']:.4g}"]
+    first, last = s.get("energy_first"), s.get("energy_last")
+    if first is None or last is None or math.isnan(first) or math.isnan(last):
+        lines.append("  energy: not logged" + (" (no potential; see the note printed at the start)"
+                                                if s.get("energy_note") else ""))
+    else:
+        lines.append(f"  energy: {first:.6g} -> {last:.6g} (change {s['energy_change']:+.4g})")
+        mono = s["per_head_energy_monotone"]
+        lines.append("  per-head energies monotone: "
+                     + ", ".join(f"h{h} {'n/a (no potential)' if m is None else 'yes' if m else 'no'}"
+                                 for h, m in enumerate(mono)))
+    lines += ["  " + line for line in condition8_lines(s)]
+    return lines
 
 
 def cmd_scenes(args) -> int:

@@ -126,7 +126,7 @@ class Runner:
         if note and "energy" in groups:
             echo(f"note: {note}")
         self.summary = Summary(sim.n_heads, 1e-5 if sim.dtype == "float32" else 1e-10, self.log_every,
-                               energy_note=note)
+                               energy_note=note, geometry=sim.geometry)
 
         self.log_path = self.run_dir / "log.csv"
         self.video_path = self.run_dir / render_cfg.file if self.render_on else None

@@ -6,22 +6,32 @@ import math
 from particles.drive import Every, Writer
 
 
-class Summary(Writer):
-    """Energy first/last, final eps, max radial dominance and per-head monotonicity.
+# Condition 8 is judged while a head's tangent power T_h is at least this fraction of its value at
+# the first logged state: once tokens merge, T_h -> 0 and rho_h = R_h / T_h grows without meaning.
+TANGENT_FLOOR = 1e-6
 
+
+class Summary(Writer):
+    """Energy first/last, final eps, Condition 8 per head and per-head monotonicity.
+
+    Condition 8 (rho_h <= 1) is reported as the theory speaks of it: rho_h at the first logged
+    state, the first time it exceeds 1 and the fraction of logged states in which it held, counted
+    while T_h >= ``TANGENT_FLOOR`` x T_h(first state); "n/a" with one head or in flat space.
     A drive writer: it observes the log's rows (``observe = Every(log_every)``).
     """
 
     def __init__(self, n_heads: int, tolerance: float, log_every: int = 1,
-                 energy_note: str | None = None):
+                 energy_note: str | None = None, geometry: str = "sphere"):
         self.n_heads, self.tol = n_heads, tolerance
         self.energy_note = energy_note
+        self.geometry = geometry
         self.observe = Every(log_every)
         self.first_energy = self.last_energy = None
         self.final_eps = math.nan
         self.max_dominance = [0.0] * n_heads
         self.monotone = [True] * n_heads
         self._prev = {}
+        self._c8 = _fresh_condition8(n_heads)
 
     def on_rows(self, rows: list[dict]) -> None:
         for row in rows:
@@ -33,6 +43,9 @@ class Summary(Writer):
                 self.first_energy = row["energy"]
             self.last_energy = row["energy"]
             self.final_eps = row["eps"]
+        c8 = self._c8
+        if c8["first_step"] is None:
+            c8["first_step"] = int(row["step"])
         for h in range(self.n_heads):
             key = (row.get("replica", 0), h)
             e = row[f"energy_h{h}"]
@@ -42,14 +55,54 @@ class Summary(Writer):
             if self.monotone[h] and prev is not None and e < prev - self.tol * max(abs(prev), 1e-300):
                 self.monotone[h] = False
             self._prev[key] = e
-            self.max_dominance[h] = max(self.max_dominance[h], row[f"radial_dominance_h{h}"])
+            rho = row.get(f"radial_dominance_h{h}", math.nan)
+            self.max_dominance[h] = max(self.max_dominance[h], rho)
+            self._condition8_row(c8, row, h, key, rho)
+
+    def _condition8_row(self, c8: dict, row: dict, h: int, key, rho: float) -> None:
+        power = row.get(f"tangent_power_h{h}", math.nan)
+        tag = f"{key[0]}/{h}"
+        if int(row["step"]) == c8["first_step"]:
+            c8["rho_t0"][h] = max(c8["rho_t0"][h], rho) if not math.isnan(c8["rho_t0"][h]) else rho
+            c8["power_t0"][tag] = power
+        if tag in c8["spent"]:
+            return
+        p0 = c8["power_t0"].get(tag, math.nan)
+        if not (math.isnan(power) or math.isnan(p0)) and power < TANGENT_FLOOR * p0:
+            c8["spent"][tag] = float(row["time"])   # below the floor: rho_h says nothing from here
+            return
+        if math.isnan(rho):
+            return
+        c8["counted"][h] += 1
+        if rho <= 1.0:
+            c8["held"][h] += 1
+        elif c8["first_exceed"][h] is None:
+            c8["first_exceed"][h] = float(row["time"])
+
+    def condition8(self) -> dict:
+        """Condition 8 per head: ``applies`` (False with one head or in flat space, ``why_not``
+        says which), ``rho_t0``, ``first_exceed_time`` (None where it never exceeded 1),
+        ``held_fraction`` and ``floor_time`` (when T_h fell below the floor, None if never)."""
+        c8 = self._c8
+        why = "one head" if self.n_heads == 1 else "flat space" if self.geometry == "flat" else None
+        floor_time = []
+        for h in range(self.n_heads):
+            times = [t for tag, t in c8["spent"].items() if tag.endswith(f"/{h}")]
+            floor_time.append(min(times) if times else None)
+        return {"applies": why is None, "why_not": why, "tangent_floor": TANGENT_FLOOR,
+                "rho_t0": list(c8["rho_t0"]), "first_exceed_time": list(c8["first_exceed"]),
+                "held_fraction": [held / counted if counted else math.nan
+                                  for held, counted in zip(c8["held"], c8["counted"])],
+                "floor_time": floor_time}
 
     def state(self) -> dict:
         """Everything needed to continue exactly (JSON: floats round-trip by repr)."""
         return {"first_energy": self.first_energy, "last_energy": self.last_energy,
                 "final_eps": self.final_eps, "max_dominance": list(self.max_dominance),
                 "monotone": list(self.monotone),
-                "previous": [[b, h, e] for (b, h), e in sorted(self._prev.items())]}
+                "previous": [[b, h, e] for (b, h), e in sorted(self._prev.items())],
+                "condition8": {k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v)
+                               for k, v in self._c8.items()}}
 
     def restore(self, saved: dict) -> None:
         """Continue the headline figures of a checkpointed run (``state()`` of that run)."""
@@ -59,8 +112,19 @@ class Summary(Writer):
         self.max_dominance = [float(v) for v in saved["max_dominance"]]
         self.monotone = list(saved["monotone"])
         self._prev = {(int(b), int(h)): e for b, h, e in saved["previous"]}
+        c8 = saved.get("condition8")
+        fresh = _fresh_condition8(self.n_heads)
+        if isinstance(c8, dict) and set(c8) == set(fresh) \
+                and all(len(c8[k]) == self.n_heads for k in ("rho_t0", "first_exceed", "counted", "held")):
+            self._c8 = {k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v)
+                        for k, v in c8.items()}
+        else:   # a checkpoint from before these figures: judged from the resumed rows on
+            self._c8 = fresh
 
     def as_dict(self) -> dict:
+        c8 = self.condition8()
+        held = None if not c8["applies"] else all(
+            f is None for f in c8["first_exceed_time"])
         return {
             "final_eps": self.final_eps,
             "energy_first": self.first_energy,
@@ -68,10 +132,36 @@ class Summary(Writer):
             "energy_change": (self.last_energy - self.first_energy)
             if self.first_energy is not None else math.nan,
             "max_radial_dominance": self.max_dominance,
-            "condition8_held": all(d <= 1.0 for d in self.max_dominance),
+            "condition8_held": held,
+            "condition8": c8,
             "per_head_energy_monotone": self.monotone,
             **({"energy_note": self.energy_note} if self.energy_note else {}),
         }
+
+
+def _fresh_condition8(n_heads: int) -> dict:
+    return {"first_step": None, "rho_t0": [math.nan] * n_heads, "first_exceed": [None] * n_heads,
+            "counted": [0] * n_heads, "held": [0] * n_heads, "power_t0": {}, "spent": {}}
+
+
+def condition8_lines(s: dict) -> list[str]:
+    """The summary's Condition 8 lines (``s``: ``Summary.as_dict()``, as run.json records it)."""
+    c8 = s.get("condition8")
+    if not c8:
+        return []
+    head = "Condition 8 (radial dominance rho_h <= 1):"
+    if not c8["applies"]:
+        return [f"{head} n/a ({c8['why_not']})"]
+    lines = [f"{head} per head, judged while T_h >= {c8['tangent_floor']:g} x T_h(t=0)"]
+    for h, (r0, first, frac, floor) in enumerate(zip(c8["rho_t0"], c8["first_exceed_time"],
+                                                    c8["held_fraction"], c8["floor_time"])):
+        text = f"  h{h}: rho at t = 0 {r0:.3g} ({'holds' if r0 <= 1 else 'fails'}); "
+        text += "never exceeds 1" if first is None else f"first exceeds 1 at t = {first:g}"
+        text += "; held in " + ("no judged state" if math.isnan(frac) else f"{100 * frac:.0f}% of judged states")
+        if floor is not None:
+            text += f" (T_h below the floor from t = {floor:g})"
+        lines.append(text)
+    return lines
 
 
 def energy_note(sim) -> str | None:
@@ -79,14 +169,20 @@ def energy_note(sim) -> str | None:
     if sim.scheduled:
         return ("energy columns are NaN: a layer schedule changes the heads in time, so no single "
                 "potential exists (docs/LOG.md); radial shadows, entropies, clusters and T/C/R are logged")
-    reasons = []
+    by_reason: dict[str, list[int]] = {}
     for h, a in enumerate(sim.attention):
         if a.has_potential:
             continue
         why = [w for w, on in (("a " + a.mask + " mask", a.masked), ("an ALiBi bias", a.alibi > 0),
                                ("a position-aware rule", a.rule.positional)) if on]
-        reasons.append(f"head {h}: " + (", ".join(why) if why else f"rule {a.rule.name!r} has no potential"))
-    if not reasons:
+        by_reason.setdefault(", ".join(why) if why else f"rule {a.rule.name!r} has no potential", []).append(h)
+    if not by_reason:
         return None
+    everyone = len(by_reason) == 1 and len(next(iter(by_reason.values()))) == sim.n_heads > 1
+    reasons = [("every head" if everyone else _heads(hs)) + ": " + why for why, hs in by_reason.items()]
     return ("energy is NaN where no potential exists (" + "; ".join(reasons) + "; docs/LOG.md); "
             "radial shadows, entropies, clusters and T/C/R are logged")
+
+
+def _heads(hs: list[int]) -> str:
+    return f"head {hs[0]}" if len(hs) == 1 else "heads " + ", ".join(str(h) for h in hs)

@@ -1,0 +1,94 @@
+"""What a run's summary and the reproduce report say (issue 26): the words around the numbers."""
+from __future__ import annotations
+
+import json
+import re
+import math
+from types import SimpleNamespace
+
+from particles.app.cli import _summary_lines
+from particles.app.summary import Summary, energy_note
+
+
+def _row(step, rho, power, energy=1.0, H=2):
+    row = {"step": step, "time": step * 0.1, "energy": energy, "eps": 0.1}
+    for h in range(H):
+        row.update({f"energy_h{h}": energy, f"radial_dominance_h{h}": rho, f"tangent_power_h{h}": power})
+    return row
+
+
+def _collapse_rows():
+    """rho 0.5 while the tokens move, then T_h -> 0 and rho explodes meaninglessly."""
+    return [_row(0, 0.5, 1.0), _row(1, 0.6, 0.5), _row(2, 0.7, 1e-3),
+            _row(3, 4e7, 1e-9), _row(4, 9e7, 1e-12)]
+
+
+def test_condition8_is_judged_at_t0_and_before_the_tangent_floor():
+    s = Summary(2, 1e-10)
+    s.on_rows(_collapse_rows())
+    d = s.as_dict()
+    assert d["condition8_held"] is True
+    c8 = d["condition8"]
+    assert c8["rho_t0"] == [0.5, 0.5] and c8["first_exceed_time"] == [None, None]
+    assert c8["held_fraction"] == [1.0, 1.0] and c8["floor_time"] == [0.30000000000000004] * 2
+    text = "\n".join(_summary_lines(d))
+    assert "rho at t = 0 0.5 (holds); never exceeds 1; held in 100% of judged states" in text
+    assert "4e+07" not in text and "max rho" not in text
+
+
+def test_condition8_first_exceedance_and_fraction():
+    s = Summary(2, 1e-10)
+    s.on_rows([_row(0, 0.5, 1.0), _row(1, 2.0, 1.0), _row(2, 0.8, 1.0), _row(3, 3.0, 1.0)])
+    text = "\n".join(_summary_lines(s.as_dict()))
+    assert "first exceeds 1 at t = 0.1; held in 50% of judged states" in text
+    assert s.as_dict()["condition8_held"] is False
+
+
+def test_condition8_is_not_applicable_with_one_head_or_in_flat_space():
+    one = Summary(1, 1e-10)
+    one.on_rows([_row(0, 0.0, 1.0, H=1)])
+    assert "  Condition 8 (radial dominance rho_h <= 1): n/a (one head)" in _summary_lines(one.as_dict())
+    assert one.as_dict()["condition8_held"] is None
+    flat = Summary(2, 1e-10, geometry="flat")
+    flat.on_rows([_row(0, 0.0, 1.0)])
+    assert "  Condition 8 (radial dominance rho_h <= 1): n/a (flat space)" in _summary_lines(flat.as_dict())
+
+
+def test_condition8_state_survives_a_checkpoint():
+    rows = _collapse_rows()
+    whole = Summary(2, 1e-10)
+    whole.on_rows(rows)
+    first = Summary(2, 1e-10)
+    first.on_rows(rows[:2])
+    resumed = Summary(2, 1e-10)
+    resumed.restore(json.loads(json.dumps(first.state())))
+    resumed.on_rows(rows[2:])
+    assert resumed.as_dict()["condition8"] == whole.as_dict()["condition8"]
+    old = first.state()
+    del old["condition8"]                     # a checkpoint written before these figures
+    Summary(2, 1e-10).restore(old)
+
+
+def test_a_run_without_energy_prints_no_nan_and_no_second_note():
+    s = Summary(2, 1e-10, energy_note="energy is NaN where no potential exists (...)")
+    s.on_rows([_row(0, 0.5, 1.0, energy=math.nan), _row(1, 0.5, 1.0, energy=math.nan)])
+    lines = _summary_lines(s.as_dict())
+    text = "\n".join(lines)
+    assert not re.search(r"\bnan\b", text.lower())
+    assert "  energy: not logged (no potential; see the note printed at the start)" in lines
+    assert "note:" not in text and "monotone" not in text
+
+
+def _attention(mask=None, alibi=0.0, positional=False, potential=False, name="softmax"):
+    return SimpleNamespace(has_potential=potential, masked=mask is not None, mask=mask or "none",
+                           alibi=alibi, rule=SimpleNamespace(positional=positional, name=name))
+
+
+def test_energy_note_names_each_reason_once():
+    sim = SimpleNamespace(scheduled=False, n_heads=4, attention=[_attention("causal")] * 4)
+    note = energy_note(sim)
+    assert "every head: a causal mask;" in note and note.count("causal") == 1
+    mixed = SimpleNamespace(scheduled=False, n_heads=3,
+                            attention=[_attention("causal"), _attention(alibi=0.5), _attention("causal")])
+    note = energy_note(mixed)
+    assert "heads 0, 2: a causal mask" in note and "head 1: an ALiBi bias" in note
