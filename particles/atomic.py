@@ -9,6 +9,7 @@ redirect a write elsewhere); the temporary file is opened with O_EXCL | O_NOFOLL
 from __future__ import annotations
 
 import os
+import stat
 import secrets
 from pathlib import Path
 
@@ -68,12 +69,29 @@ def atomic_write_text(path, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def refuse_hard_link(path) -> None:
+    """SymlinkRefused when ``path`` is a file with more than one hard link: a write in place
+    (append, truncate) would change a file outside the run folder too."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+        raise SymlinkRefused(f"{str(path)!r} has {st.st_nlink} hard links: appending to it or "
+                             "cutting it back would change a file outside the run folder as well; "
+                             "nothing was written. Replace it by a copy of its own (cp FILE "
+                             "FILE.copy && mv FILE.copy FILE) or remove the other link")
+
+
 def open_append(path, **kwargs):
-    """Open ``path`` for appending (text), refusing a symbolic link (O_NOFOLLOW)."""
+    """Open ``path`` for appending (text), refusing a symbolic link (O_NOFOLLOW) and a file
+    with more than one hard link."""
     path = Path(path)
     refuse_symlink(path)
+    refuse_hard_link(path)
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
     return os.fdopen(os.open(path, flags, 0o644), "a", **kwargs)
 
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "open_append", "refuse_symlink", "SymlinkRefused"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "open_append", "refuse_symlink", "refuse_hard_link",
+           "SymlinkRefused"]

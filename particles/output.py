@@ -20,6 +20,7 @@ import numpy as np
 from .result import Trajectory
 from .atomic import atomic_write_bytes, atomic_write_text, open_append  # noqa: F401 (one writer)
 from .atomic import refuse_symlink as refuse_link  # noqa: F401 (the one link check)
+from .atomic import SymlinkRefused, refuse_hard_link
 
 TRAJECTORY_SCHEMA = 1
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -112,6 +113,13 @@ class LogWriter:
         self.path = refuse_link(Path(path))
         self.columns = list(columns)
         header = (",".join(self.columns) + "\n").encode()
+        if resume is None:
+            try:
+                refuse_hard_link(self.path)
+            except SymlinkRefused:      # a new log: drop this name's link, the other file stays
+                os.unlink(self.path)
+        else:
+            refuse_hard_link(self.path)   # cutting back or appending would reach the other link
         if resume is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
             self.rows_written, self.bytes_written = 0, 0

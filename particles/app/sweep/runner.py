@@ -36,6 +36,9 @@ def run_sweep(path, out_dir, executor: str = "local", address: str | None = None
                          is_file=False, what="sweep option")
     _check_sizes(sweep.units)   # refused here, with the figures, before any unit allocates
     say = echo or (lambda _msg: None)
+    for rule_file in dict.fromkeys(u["scene"]["dynamics"].get("rule_file") for u in sweep.units):
+        if rule_file:   # as `particles run` does: a file that is executed is said so
+            say(f"executing rule file {rule_file} (named by the scene) in every unit")
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     lock = RunDirLock(Path(out_dir), "sweep").acquire()   # two sweeps at once would double rows
     try:
