@@ -79,3 +79,26 @@ def test_a_sweep_announces_the_rule_file_it_executes(tmp_path):
     said = []
     run_sweep(tmp_path / "sweep.toml", tmp_path / "out", echo=said.append)
     assert any("executing rule file" in s and "rule.py" in s for s in said), said
+
+
+def test_a_run_and_a_sweep_never_share_a_folder(tmp_path, capsys):
+    from particles.app.cli import main
+    run = tmp_path / "run"
+    assert main(["run", "quickstart", "--set", "tokens.n=8", "--steps", "3", "--no-render",
+                 "--quiet", "--out", str(run)]) == 0
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text('name = "kinds"\n[tokens]\nn = 6\nd = 3\n[heads]\nkind = "scalar"\n'
+                     '[dynamics]\nsteps = 2\n[axes]\n"dynamics.beta" = [1.0]\n'
+                     '[record]\ntimes = [0.0]\nobservables = ["eps"]\n')
+    capsys.readouterr()
+    assert main(["sweep", str(sweep), "--out", str(run)]) == 2
+    assert "already holds a run" in " ".join(capsys.readouterr().err.split())
+    assert not (run / "results.csv").exists() and not (run / "sweep.json").exists()
+    out = tmp_path / "sweep-out"
+    assert main(["sweep", str(sweep), "--out", str(out)]) == 0
+    for extra in ([], ["--overwrite"]):
+        capsys.readouterr()
+        assert main(["run", "quickstart", "--set", "tokens.n=8", "--steps", "3", "--no-render",
+                     "--quiet", "--out", str(out)] + extra) == 2
+        assert "already holds a sweep" in " ".join(capsys.readouterr().err.split())
+    assert not (out / "log.csv").exists() and (out / "results.csv").exists()

@@ -50,9 +50,31 @@ def new_run_dir(scene, out: str | Path | None) -> Path:
     return run_dir
 
 
+# What a sweep writes at the top of its folder (particles.app.sweep.format's names).
+SWEEP_FILES = ("sweep.json", "results.csv", "units_done.txt")
+
+
+def holds_sweep(folder: Path) -> bool:
+    """True when ``folder`` holds (part of) a sweep's output."""
+    return any(os.path.lexists(Path(folder) / name) for name in SWEEP_FILES)
+
+
+def refuse_other_kind(folder: Path, kind: str) -> None:
+    """A folder holds one kind of output: a run refuses a sweep's folder and a sweep a run's
+    (``plot`` would show one and ignore the other). ``--overwrite`` does not change this."""
+    other = holds_sweep(folder) if kind == "run" else holds_run(folder)
+    if other:
+        what = "a sweep's results (sweep.json, results.csv)" if kind == "run" else \
+            "a run (run.json, log.csv, ...)"
+        raise RunDirError(f"{str(folder)!r} already holds {what}: a {kind} there would mix its "
+                          f"files with it. Choose another --out for the {kind}")
+
+
 def claim_for_new_run(run_dir: Path, overwrite: bool, echo=None) -> None:
     """Under the folder's lock: refuse a folder that already holds a run (its files would mix
-    with the new run's), unless ``overwrite``, which removes that run's files first."""
+    with the new run's), unless ``overwrite``, which removes that run's files first; a folder
+    holding a sweep is refused always."""
+    refuse_other_kind(run_dir, "run")
     if not holds_run(run_dir):
         return
     if not overwrite:

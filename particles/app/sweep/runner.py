@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from particles.app.run_dir import RunDirLock
+from particles.app.run_dir import RunDirLock, refuse_other_kind
 
 from .format import SweepError
 from . import executors as ex_mod
@@ -41,6 +41,11 @@ def run_sweep(path, out_dir, executor: str = "local", address: str | None = None
             say(f"executing rule file {rule_file} (named by the scene) in every unit")
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     lock = RunDirLock(Path(out_dir), "sweep").acquire()   # two sweeps at once would double rows
+    try:
+        refuse_other_kind(Path(out_dir), "sweep")   # a run's folder holds that run only
+    except BaseException:
+        lock.release()
+        raise
     try:
         store = ResultStore(Path(out_dir), sweep)
     except BaseException:
