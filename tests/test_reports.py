@@ -92,3 +92,69 @@ def test_energy_note_names_each_reason_once():
                             attention=[_attention("causal"), _attention(alibi=0.5), _attention("causal")])
     note = energy_note(mixed)
     assert "heads 0, 2: a causal mask" in note and "head 1: an ALiBi bias" in note
+
+
+# ----------------------------------------------------------------------------- the reproduce report
+def _report(tmp_path, checks):
+    from particles.app.reproduce.common import Result
+    from particles.app.reproduce.report import write_markdown
+    res = Result(key="e0", title="A result", theorem="Theorem 0", what="w", claim="c", closed_form="f",
+                 measurement="m", agreement="a", params={}, numbers={}, checks=checks)
+    meta = dict(mode="quick", generated="now", runtime_seconds=1.0, arch="cpu", dtype="float64",
+                particles_version="0", errors={})
+    return res, write_markdown(tmp_path / "report.md", [res], meta).read_text(encoding="utf-8")
+
+
+def test_identities_and_information_are_counted_apart_from_experiments(tmp_path):
+    from particles.app.reproduce import stats
+    from particles.app.reproduce.common import Check
+    from particles.app.reproduce.report import verdict_counts
+    checks = [Check("an experiment", 0.1, "0", "<= 1", True),
+              Check("c*(2) = 1/phi", 1.618, "phi", "exact", True, identity=True),
+              Check("a broken identity", 1.0, "0", "exact", False, identity=True),
+              Check("outside the regime", 2.0, "none", "none", True, verdict=stats.OUTSIDE)]
+    assert [c.verdict for c in checks] == [stats.AGREES, stats.IDENTITY, stats.DISAGREES, stats.OUTSIDE]
+    counts = verdict_counts(checks)
+    assert counts[stats.AGREES] == 1 and counts[stats.IDENTITY] == 1 and counts[stats.OUTSIDE] == 1
+    assert stats.OUTSIDE.startswith("information")
+    res, text = _report(tmp_path, checks[:2] + checks[3:])
+    assert "| agrees | disagrees | cannot decide | identities | information |" in text
+    assert "| 1 | 0 | 0 | 1 | 1 |" in text
+    assert "**identity holds**" in text and "never a passed check" in text
+    assert res.passed                              # the information row is no check either way
+
+
+def test_the_reproduce_modules_identity_checks_are_marked():
+    """The five algebraic identities the issue names carry identity=True in the source."""
+    import inspect
+    from particles.app.reproduce import e2_radial, e3_critical, e7_near_orthogonal
+    assert inspect.getsource(e2_radial).count("identity=True") == 1
+    assert inspect.getsource(e3_critical).count("identity=True") == 3
+    assert inspect.getsource(e7_near_orthogonal).count("identity=True") == 1
+
+
+def test_no_report_text_has_an_unformatted_placeholder():
+    """A '{name...}' inside a plain (non-f) string of a reproduce module prints literally (E5 did)."""
+    import ast
+    import re
+    from pathlib import Path
+    import particles.app.reproduce as pkg
+    bad = []
+    for path in sorted(Path(pkg.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        in_f = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
+        in_f |= {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}   # docstrings
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in in_f \
+                    and re.search(r"\{[A-Za-z_][A-Za-z_0-9]*(\[[^\]]*\])*(:[^}]*)?\}", node.value):
+                if ".format(" not in ast.get_source_segment(path.read_text(encoding="utf-8"), node) \
+                        and "{}" not in node.value:
+                    bad.append(f"{path.name}:{node.lineno}: {node.value[:60]!r}")
+    assert not bad, bad
+
+
+def test_e1_best_start_column_is_the_minimum():
+    import inspect
+    from particles.app.reproduce import e1_energy
+    src = inspect.getsource(e1_energy)
+    assert 'min(p["per_start"])' in src and 'max(p["per_start"])' not in src

@@ -249,7 +249,7 @@ def test_report_states_every_verdict_and_points_to_docs_model(tmp_path):
     assert "docs/MODEL.md" in text and "shared" not in text
     for v in (stats.AGREES, stats.DISAGREES, stats.OUTSIDE):
         assert f"**{v}**" in text
-    assert "| 1 | 1 | 1 | 0 |" in text.replace("**1**", "1")
+    assert "| 1 | 1 | 0 | 0 | 1 |" in text.replace("**1**", "1")   # agrees, disagrees, undecided, identities, information
 
 
 def test_docs_model_states_every_checked_theorem():

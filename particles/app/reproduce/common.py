@@ -248,11 +248,15 @@ class Check:
     tolerance: str       # the criterion, in words
     passed: bool
     note: str = ""
-    verdict: str = ""    # agrees / disagrees / outside the theorem's assumptions / cannot decide
+    verdict: str = ""    # agrees / disagrees / identity holds / information (outside ...) / cannot decide
+    identity: bool = False   # an algebraic identity: "identity holds", counted apart from experiments
 
     def __post_init__(self):
-        if not self.verdict:
-            self.verdict = "agrees" if self.passed else "disagrees"
+        from .stats import AGREES, DISAGREES, IDENTITY
+        if self.identity and self.verdict in ("", AGREES):
+            self.verdict = IDENTITY if self.passed else DISAGREES
+        elif not self.verdict:
+            self.verdict = AGREES if self.passed else DISAGREES
 
     def as_dict(self):
         return asdict(self)
@@ -279,7 +283,8 @@ class Result:
 
     @property
     def passed(self) -> bool:
-        return all(c.passed for c in self.checks)
+        from .stats import OUTSIDE
+        return all(c.passed for c in self.checks if c.verdict != OUTSIDE)   # information is no check
 
 
 # ----------------------------------------------------------------------------- formatting

@@ -141,7 +141,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         Check("Condition 8 ⇒ dE_h/dt ≥ 0 at every logged state (orthogonal heads)", float(impl["violations"]),
               f"0 of {impl['premise']} (state, head) pairs with ρ_h ≤ 1",
               f"no pair with ρ_h ≤ 1 and energy_rate_h < −{RATE_TOL:g}·kinetic",
-              impl["verdict"] == stats.AGREES, verdict=impl["verdict"],
+              impl["verdict"] == stats.AGREES, verdict=impl["verdict"], identity=True,
               note=(f"smallest rate/kinetic where ρ_h ≤ 1: {fmt(impl['min_rel_rate_where_premise'], 3)}; "
                     f"{impl['decreases_with_rho_above_1']} decreasing pairs, all with ρ_h > 1")),
     ]

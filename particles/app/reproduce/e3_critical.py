@@ -343,15 +343,16 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         Check("sufficiency along runs: cos∠(f, x) ≤ c*(H) ⇒ ρ_h ≤ 1, every logged state", float(impl_viol),
               f"0 violations in {impl_states} states meeting the premise",
               "no state with max_h cos <= c* and max_h ρ_h > 1 (identical heads; tokens alike: spread of "
-              f"a^h_i {fmt(impl_spread)})", impl_viol == 0 and impl_states > 0 and impl_spread <= 1e-9),
+              f"a^h_i {fmt(impl_spread)})", impl_viol == 0 and impl_states > 0 and impl_spread <= 1e-9, identity=True),
         Check("ρ_h at β* equals c*(H) (exp" + (", softmax for H = 2)" if quick else " and softmax)"), err_rho_bs,
               "c*(H)", "max |ρ(β*) − c*| <= 1e-9", err_rho_bs <= 1e-9),
         Check("β* is sufficient, conservative by ln(1/c*)/(2α): β_ρ − β* (t = 0)", gap_err, "closed form",
               "max |measured gap − closed| <= 1e-6 and every gap > 0", gap_err <= 1e-6 and lower_bound_t0),
         Check("c*(2) = 1/golden ratio", 1.0 / c_star(2), "(1+√5)/2", "|1/c*(2) − φ| <= 1e-12",
-              abs(1.0 / c_star(2) - (1 + math.sqrt(5)) / 2) <= 1e-12),
+              abs(1.0 / c_star(2) - (1 + math.sqrt(5)) / 2) <= 1e-12, identity=True),
         Check("identical heads: energy_rate_h = kinetic/H along every run", max_ident, "0",
-              "max |energy_rate_h − kinetic/H| / max kinetic <= 1e-9", max_ident <= 1e-9),
+              "max |energy_rate_h − kinetic/H| / max kinetic <= 1e-9", max_ident <= 1e-9,
+              identity=True),
         Check("trajectory threshold of Condition 8 matches the equiangular ODE", traj_err,
               "closed-form ρ(γ(t)) on the 1-D ODE",
               f"|measured − ODE| <= search tolerance ({traj_tol:g}) + 0.01, same ±∞ cases",
@@ -490,9 +491,9 @@ def run_experiment(quick: bool, fig_dir) -> Result:
     agreement = " ".join(verdict)
     return Result(
         key="e3_critical", title="Critical inverse temperature", theorem="Theorem 19",
-        what=("Tests the claimed critical inverse temperature β* above which, with several identical heads and "
-              "well-spread tokens, the radial pulls of the heads are said to overwhelm their useful (tangential) "
-              "pulls."),
+        what=("Tests the claimed critical inverse temperature β*: with several identical heads and well-spread "
+              "tokens, at β ≤ β* the useful (tangential) pulls of the heads are guaranteed to dominate their "
+              "radial pulls. β* is a sufficient threshold; above it the radial pulls may, but need not, win."),
         claim=("Identical scalar heads M_h = V_h = αI, orthonormal tokens: for β ≤ β* every head's output satisfies "
                "cos∠(f^h_i, x_i) ≤ c*(H) (the paper's form of the condition), which implies radial dominance "
                "(ρ_h ≤ 1, Condition 8). β* is a sufficient threshold, not a sharp one; whether dominance persists "

@@ -276,7 +276,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         f"Early rate: two steps of dt = {dt_early:g} and the second-order one-sided difference of the logged "
         f"`gamma_bar`. At Λ = {fmt(Lambdas[0])} (λ̄ = {fmt(hv['lambda_bar'])}) the rate goes "
         f"{fmt(hv['measured'][0])} → {fmt(hv['measured'][-1])} as the spread grows to δ = {fmt(hv['spread_delta'][-1])}; "
-        f"at Λ = {fmt(Lambdas[1])} (λ̄ = {fmt(lv['lambda_bar'])}) {fmt(lv['measured'][0])} → {fmt(lv['measured'][-1])}; "
+        f"at Λ = {fmt(Lambdas[-1])} (λ̄ = {fmt(lv['lambda_bar'])}) {fmt(lv['measured'][0])} → {fmt(lv['measured'][-1])}; "
         f"the fastest split on the grid is δ = {fmt(hv['best_spread_delta'])} (rate {fmt(hv['best_rate'])}) and "
         f"δ = {fmt(lv['best_spread_delta'])} (rate {fmt(lv['best_rate'])}) respectively"
         + ("; past the best split, a head made too weak costs more than convexity gains. "

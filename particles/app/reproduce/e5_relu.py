@@ -260,7 +260,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         ax.plot(x, a * x + b * np.array(ns) + c, "-", color=f"C{i}", lw=0.8)
     ax.plot([], [], "ko", mfc="none", label=f"outside regime ((n−1)/√d > {REGIME})")
     ax.set_xlabel("n ln d")
-    ax.set_ylabel(f"ReLU escape time (γ̄ ≥ {ESCAPE}), median, 95% CI")
+    ax.set_ylabel(f"ReLU escape time (γ̄ ≥ {ESCAPE}), lower median, 95% CI")
     ax.legend(fontsize=7)
     panel_label(ax, f"(a) ReLU: fit a n ln d + b n + c, a = {fmt(a, 3)}")
     ax = axes[1]
@@ -296,8 +296,8 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         rows.append([str(n), str(d), (n - 1) / math.sqrt(d), "yes" if p["in_regime"] else "no",
                      stats.censored_median(p["times"]), f"{int(np.isfinite(p['times']).sum())}/{seeds}",
                      stats.censored_median(s["times"]), ode[n]])
-    table = md_table(["n", "d", "(n−1)/√d", "in regime", "ReLU median T", "ReLU escaped",
-                      "softmax median T", "ODE T"], rows)
+    table = md_table(["n", "d", "(n−1)/√d", "in regime", "ReLU lower median T", "ReLU escaped",
+                      "softmax lower median T", "ODE T"], rows)
     table += "\n\n" + md_table(
         ["fit (ReLU)", "a (n ln d)", "b (n)", "c", "max relative residual", "points"],
         [[name, stats.ci_text(f["coef"][0], f["lo"][0], f["hi"][0]), stats.ci_text(f["coef"][1], f["lo"][1], f["hi"][1]),
@@ -320,7 +320,8 @@ def run_experiment(quick: bool, fig_dir) -> Result:
     measurement = (
         f"One scalar head M = V = I, β = {fmt(beta)}, {seeds} random starts per (n, d) for n ∈ {ns}, d ∈ {ds}; "
         f"RK4 float64, dt = {dts['softmax']} (softmax) / {dts['relu']} (ReLU). The escape time is the first t with "
-        f"γ̄ ≥ {ESCAPE}; a seed that never escapes counts as +∞ in the median. The tokens are rotated into their "
+        f"γ̄ ≥ {ESCAPE}; a seed that never escapes counts as +∞ in the median (the lower median: of an even number of "
+        f"seeds, the smaller middle value, so it is finite exactly when at least half escaped). The tokens are rotated into their "
         f"n-dimensional span, which keeps every cosine and is exact for a scalar head, so d = {max(ds)} costs what "
         f"d = n costs. ReLU fit in the regime (n−1)/√d ≤ {REGIME} ({fit_in['points']} points): "
         f"a = {stats.ci_text(a, fit_in['lo'][0], fit_in['hi'][0])}, b = "
@@ -330,7 +331,8 @@ def run_experiment(quick: bool, fig_dir) -> Result:
     agreement = (
         f"ReLU: {v_relu} ({why_relu}). For comparison, linearising at γ = 0 (a positive pair cosine grows like "
         f"e^{{2βt/n}} from ~1/√d) gives a ln d slope per token of 1/(4β) = {fmt(1 / (4 * beta), 3)} when n ≪ √d; "
-        "the smallest n comes closest to it, and larger n lower it (terms of relative size n/√d). Softmax: T(n) follows the equiangular ODE ({sv['ode'][0]}, worst "
+        "the smallest n comes closest to it, and larger n lower it (terms of relative size n/√d). "
+        f"Softmax: T(n) follows the equiangular ODE ({sv['ode'][0]}, worst "
         f"{fmt(100 * sv['ode'][1], 3)}% at d = {dmax}) and T/n falls ({sv['falls'][0]}; exponent "
         f"{stats.ci_text(soft[dmax]['exponent'], soft[dmax]['exponent_lo'], soft[dmax]['exponent_hi'])}): O(n) is an "
         "upper bound, met with room; the growth is about logarithmic in n, as the ODE says. The grid points with "

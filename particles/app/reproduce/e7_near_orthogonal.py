@@ -122,7 +122,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
     max_overlap_err = max(abs(p["delta"] - strength ** 2 * math.cos(math.radians(p["angle"])))
                           for f in fams.values() for p in f["per_angle"])
     checks = [Check("||M_h' M_h||_op = strength² cos(angle)", max_overlap_err, "closed form", "max |diff| <= 1e-12",
-                    max_overlap_err <= 1e-12)]
+                    max_overlap_err <= 1e-12, identity=True)]
     for kind, f in fams.items():
         if f["kept"] == 0:
             checks.append(Check(f"{kind}: states with ρ_h ≤ 1 at δ = 0", 0.0, "> 0 kept starts",

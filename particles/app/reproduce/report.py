@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .common import fmt, md_table
-from .stats import AGREES, DISAGREES, OUTSIDE, UNDECIDED
+from .stats import AGREES, DISAGREES, IDENTITY, OUTSIDE, UNDECIDED
 
 MODEL_DOC = "docs/MODEL.md"   # the project's own statement of every result the report checks
 
@@ -15,7 +15,7 @@ def _checks_table(checks) -> str:
 
 
 def verdict_counts(checks) -> dict:
-    return {v: sum(c.verdict == v for c in checks) for v in (AGREES, DISAGREES, OUTSIDE, UNDECIDED)}
+    return {v: sum(c.verdict == v for c in checks) for v in (AGREES, DISAGREES, IDENTITY, OUTSIDE, UNDECIDED)}
 
 
 def compare_verdicts(doc: dict, other: dict) -> list[dict]:
@@ -50,20 +50,23 @@ def write_markdown(path: Path, results, meta: dict) -> Path:
          "command; `report.json` holds all of them with each experiment's parameters."),
         "",
         ("Every check states the measured quantity, what it is held against, and a criterion fixed before the "
-         f"run; its verdict is **{AGREES}**, **{DISAGREES}**, **{OUTSIDE}** (the measurement lies where the "
-         f"theorem makes no claim; reported, never counted as a finding about the paper) or **{UNDECIDED}** "
-         "(the experiment is too weak to tell)."),
+         f"run. An experiment whose outcome was open ends **{AGREES}**, **{DISAGREES}** or **{UNDECIDED}** "
+         f"(the experiment is too weak to tell). **{IDENTITY}** marks a check of an algebraic identity (only an "
+         "arithmetic bug could fail it; a failure says **disagrees**), counted apart from the experiments. "
+         f"**{OUTSIDE}** rows report a measurement where the theorem makes no claim: information, never a "
+         "passed check nor a finding about the paper."),
         "",
-        f"| # | result | paper | {AGREES} | {DISAGREES} | outside | {UNDECIDED} | time (s) |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| # | result | paper | {AGREES} | {DISAGREES} | {UNDECIDED} | identities | information | time (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for i, r in enumerate(results, 1):
         c = verdict_counts(r.checks)
         lines.append(f"| {i} | [{r.title}](#{i}-{_anchor(r.title)}) | {r.theorem} | {c[AGREES]} | "
-                     f"{'**' + str(c[DISAGREES]) + '**' if c[DISAGREES] else 0} | {c[OUTSIDE]} | {c[UNDECIDED]} | "
+                     f"{'**' + str(c[DISAGREES]) + '**' if c[DISAGREES] else 0} | {c[UNDECIDED]} | {c[IDENTITY]} | "
+                     f"{c[OUTSIDE]} | "
                      f"{fmt(r.seconds, 3)} |")
     for key in meta.get("errors", {}):
-        lines.append(f"| – | {key} | – | **ERROR** | – | – | – | – |")
+        lines.append(f"| – | {key} | – | **ERROR** | – | – | – | – | – |")
     lines.append("")
     if "compared_with" in meta:
         cw = meta["compared_with"]
