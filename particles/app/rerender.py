@@ -1,6 +1,9 @@
 """Build a video's settings from a scene, and re-render a finished run from its trajectory."""
 from __future__ import annotations
 
+import errno
+import os
+
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +84,38 @@ def rerender(run_dir, out=None, trust_rule_file: bool = False, **overrides) -> P
                                entropy_rate=False, echo=print if rule_file else None)
     panel_keys = [k for k in log if k in ("time", "energy", "layer") or
                   k.startswith(("energy_h", "radial_dominance_h", "entropy_mean_h"))]
+    _probe_writable(path)
+    try:
+        _render_frames(path, cfg, scene, heads, meta, times, tokens, log, panel_keys, threshold, sim)
+    except OSError as err:
+        from particles.app.run_dir import is_machine_fault
+        if is_machine_fault(err):
+            raise
+        # the encoder (ffmpeg) died while the frames were piped to it (a full disk, a
+        # folder made read-only meanwhile): a fault of the machine, said as run says it
+        raise OSError(errno.EIO, f"the video encoder stopped while writing the video ({err})",
+                      str(path)) from None
+    return path
+
+
+def _probe_writable(path: Path) -> None:
+    """An OSError now (read-only folder, a path through a file, a folder in the way), before
+    any frame is drawn, instead of a broken pipe from the encoder later."""
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "a folder is in the way of the video", str(path))
+    probe = path.parent / f".{path.name}.probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as err:   # named by the video's path, not the probe's
+        raise OSError(err.errno, err.strerror, str(path)) from None
+    try:
+        os.write(fd, b"probe")
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+
+
+def _render_frames(path, cfg, scene, heads, meta, times, tokens, log, panel_keys, threshold, sim):
     with Animation(path, cfg, run_info(scene, heads, meta["beta"][0]), t_end=float(times[-1]),
                    final_tokens=tokens[-1]) as anim:
         for x, t in zip(tokens, times):
@@ -96,4 +131,3 @@ def rerender(run_dir, out=None, trust_rule_file: bool = False, **overrides) -> P
             if cfg.color_by == "cluster":   # the log's labelling, at the scene's threshold
                 values = {"cluster": cluster_labels(x, threshold)}
             anim.add_frame(x, float(t), {k: log[k][upto] for k in panel_keys}, token_values=values)
-    return path
