@@ -136,11 +136,26 @@ def read_checkpoint(run_dir: Path, echo=print, **context) -> tuple[np.ndarray, d
                      f"instead (the unusable one is kept as {UNUSABLE})")
         return tokens, state
     if all(r.endswith(": missing") for r in reasons):
+        status = _run_status(run_dir)
+        if status == "completed":
+            raise RunFileError(
+                f"no checkpoint in {str(run_dir)!r}, which holds a completed run: there is "
+                "nothing to resume, and extending it with `particles resume --steps N` needs the final "
+                "checkpoint that `particles run --checkpoint-every N` writes at the end. Run the "
+                "scene again with --checkpoint-every (and more steps) instead")
         raise RunFileError(f"no checkpoint in {str(run_dir)!r} (expected {CHECKPOINT}; run with "
                            "--checkpoint-every N to write them, or interrupt with Ctrl-C, which "
                            "writes one)")
     raise RunFileError(f"cannot resume {str(run_dir)!r}: no usable checkpoint. "
                        + "; ".join(reasons))
+
+
+def _run_status(run_dir: Path):
+    try:
+        info = json.loads((Path(run_dir) / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return info.get("status") if isinstance(info, dict) else None
 
 
 class CheckpointWriter(Writer):

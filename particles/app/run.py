@@ -363,15 +363,25 @@ def run_scene(scene, out: str | Path | None = None, *, render: bool = True, prog
     return _guarded(run_dir, start, echo)
 
 
-def _steps_done(run_dir: Path) -> int | None:
-    """The steps run.json records as done (None when it cannot say: a damaged run.json is
-    left to the checkpoint checks). A checkpoint's own step is no guide: a damaged one may
-    claim any step, and resume falls back from it."""
+def _steps_done(run_dir: Path, steps_total: int | None = None) -> int | None:
+    """The steps done: the larger of what run.json records and the newest readable
+    checkpoint's step (run.json's steps_done is stale after a SIGKILL, and a checkpoint that
+    cannot be read is left to the checkpoint checks); None when neither can say."""
+    from .checkpoint import CHECKPOINT, _read
+    found = []
     try:
         done = json.loads((run_dir / "run.json").read_text()).get("steps_done")
+        if type(done) is int:
+            found.append(done)
     except (OSError, ValueError, AttributeError):
-        return None
-    return done if type(done) is int else None
+        pass
+    try:
+        step = _read(run_dir / CHECKPOINT)[1].get("step")
+        if type(step) is int and 0 <= step <= (steps_total if steps_total is not None else step):
+            found.append(step)   # (past the scene's steps it is damaged: resume falls back)
+    except (OSError, ValueError, RunFileError):
+        pass
+    return max(found) if found else None
 
 
 def resume_run(run_dir: str | Path, *, steps: int | None = None, render: bool = True,
@@ -386,7 +396,7 @@ def resume_run(run_dir: str | Path, *, steps: int | None = None, render: bool = 
     def start(interrupts):
         scene = load_scene(run_dir / "scene.toml")
         if steps is not None:
-            done = _steps_done(run_dir)
+            done = _steps_done(run_dir, int(scene.dynamics.steps))
             if done is not None and int(steps) < done:
                 # a shorter total would discard computed steps: refuse before touching a file
                 raise RunDirError(f"resume --steps {int(steps)}: {str(run_dir)!r} has already done "
