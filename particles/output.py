@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .result import Trajectory
+from .result import Result, Trajectory
 from .atomic import atomic_write_bytes, atomic_write_text, open_append  # noqa: F401 (one writer)
 from .atomic import refuse_symlink as refuse_link  # noqa: F401 (the one link check)
 from .atomic import SymlinkRefused, refuse_hard_link
@@ -298,9 +298,10 @@ def load_trajectory(path: str | Path):
                       np.concatenate([p["tokens"] for p in parts]), meta)
 
 
-def load_log(path: str | Path) -> dict[str, np.ndarray]:
-    """The CSV log as a dict column -> float array: the one log reader (NumPy only;
-    pandas.read_csv works too). ``path``: log.csv or the run directory holding it."""
+def load_log(path: str | Path) -> Result:
+    """The CSV log as a ``particles.Result`` (a mapping column -> array, as ``sim.run`` returns;
+    step, replica and layer as integers, every other column float64): the one log reader (NumPy
+    only; pandas.read_csv works too). ``path``: log.csv or the run directory holding it."""
     path = Path(path)
     if path.is_dir():
         path = path / "log.csv"
@@ -319,4 +320,5 @@ def load_log(path: str | Path) -> dict[str, np.ndarray]:
                           dtype=np.float64).reshape(len(lines) - 1, width)
     except ValueError as err:
         raise RunFileError(f"log {str(path)!r} holds a value that is not a number ({err})") from None
-    return {name: values[:, j].copy() for j, name in enumerate(names)}
+    return Result({name: values[:, j].astype(np.int64) if name in ("step", "replica", "layer")
+                   else values[:, j].copy() for j, name in enumerate(names)})

@@ -2,26 +2,38 @@
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
+from . import display
 
-@dataclass(frozen=True)
-class Result:
+_PER_HEAD = re.compile(r"^(.+)_h(\d+)$")
+
+
+@dataclass(frozen=True, eq=False)
+class Result(Mapping):
     """Observed states as one NumPy array per log column, in order (step, then replica).
 
         res = sim.run(200, every=10)
         res["eps"][-1]          # eps of the final state (always observed)
-        res.step, res.time      # attribute access works for every column
+        res.step, res.time      # attribute access works for every column (and tab-completes)
         res.to_pandas()         # a DataFrame with the columns of log.csv (needs pandas)
+        res.to_xarray()         # a Dataset with dims (step, replica, head) (needs xarray)
+        res.plot("eps", "energy")   # matplotlib panels against time
 
-    ``final_tokens``: the tokens after the last step, float64, (n, d) or (R, n, d).
+    A read-only mapping column -> array (``dict(res)``, ``res.items()``, ``"eps" in res``);
+    ``len(res)`` is the number of rows. ``particles.load_log`` returns one too.
+    ``final_tokens``: the tokens after the last step, float64, (n, d) or (R, n, d);
+    ``trajectory``: the kept tokens (``sim.run(..., trajectory_every=k)``), else None.
     """
 
     data: dict = field(default_factory=dict)
     final_tokens: np.ndarray | None = None
+    trajectory: "Trajectory | None" = None
 
     @classmethod
     def from_rows(cls, rows: list[dict], final_tokens=None) -> "Result":
@@ -51,11 +63,100 @@ class Result:
             return data[name]
         raise AttributeError(f"Result has no column or attribute {name!r}")
 
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | {c for c in self.data if c.isidentifier()})
+
+    def __iter__(self):
+        return iter(self.data)
+
     def __len__(self) -> int:
         return len(next(iter(self.data.values()))) if self.data else 0
 
     def __repr__(self) -> str:
-        return f"Result({len(self)} observed states; columns {', '.join(self.data)})"
+        return display.text("Result", display.result_fields(self)) + \
+            f"\n  columns: {', '.join(self.data)}"
+
+    def _repr_html_(self) -> str:
+        return display.html_table("Result", display.result_fields(self),
+                                  note="columns: " + ", ".join(self.data))
+
+    def to_xarray(self):
+        """The columns as an xarray Dataset with dims (step[, replica][, head]): per-head columns
+        ``<q>_h<h>`` become one variable ``q`` along ``head``; ``time`` is a coordinate of ``step``.
+        xarray is optional: ImportError names it."""
+        try:
+            import xarray as xr
+        except ImportError:
+            raise ImportError("Result.to_xarray needs xarray (pip install xarray); the columns are "
+                              "NumPy arrays in result[name] without it") from None
+        steps = np.unique(self.data["step"]) if "step" in self.data else np.arange(len(self))
+        ensemble = "replica" in self.data
+        replicas = np.unique(self.data["replica"]) if ensemble else None
+        shape = (len(steps), len(replicas)) if ensemble else (len(steps),)
+        dims = ("step", "replica") if ensemble else ("step",)
+        if int(np.prod(shape)) != len(self):
+            raise ValueError(f"Result.to_xarray: {len(self)} rows do not form a (step, replica) grid {shape}")
+        heads: dict[str, dict[int, np.ndarray]] = {}
+        variables = {}
+        for name, values in self.data.items():
+            if name in ("step", "replica", "time"):
+                continue
+            m = _PER_HEAD.match(name)
+            if m:
+                heads.setdefault(m.group(1), {})[int(m.group(2))] = values.reshape(shape)
+            else:
+                variables[name] = (dims, values.reshape(shape))
+        for base, per in heads.items():
+            H = max(per) + 1
+            stack = np.stack([per.get(h, np.full(shape, np.nan)) for h in range(H)], axis=-1)
+            variables[base] = (dims + ("head",), stack)
+        coords = {"step": steps}
+        if "time" in self.data:
+            coords["time"] = ("step", self.data["time"].reshape(shape)[(slice(None),) + (0,) * (len(shape) - 1)])
+        if ensemble:
+            coords["replica"] = replicas
+        if heads:
+            coords["head"] = np.arange(max(max(p) + 1 for p in heads.values()))
+        return xr.Dataset(variables, coords=coords)
+
+    def plot(self, *columns: str, ax=None):
+        """Columns against time, one panel each (per-head quantities by base name, e.g. "energy_rate"
+        draws energy_rate_h0, energy_rate_h1, ...); default eps, energy and clusters where logged.
+        Returns the matplotlib figure."""
+        import matplotlib.pyplot as plt
+        columns = columns or tuple(c for c in ("eps", "energy", "clusters") if c in self.data
+                                   and np.isfinite(self.data[c]).any())
+        if not columns:
+            raise ValueError(f"Result.plot: name columns to draw; columns: {', '.join(self.data)}")
+        panels = []
+        for c in columns:
+            names = [c] if c in self.data else sorted(
+                (k for k in self.data if (m := _PER_HEAD.match(k)) and m.group(1) == c),
+                key=lambda k: int(_PER_HEAD.match(k).group(2)))
+            if not names:
+                raise ValueError(f"Result.plot: no column {c!r}; columns: {', '.join(self.data)}")
+            panels.append((c, names))
+        if ax is None:
+            fig, axes = plt.subplots(len(panels), 1, figsize=(6, 2.2 * len(panels)), sharex=True, squeeze=False)
+            axes = axes[:, 0]
+        else:
+            axes = np.atleast_1d(ax)
+            fig = axes[0].figure
+        x = self.data.get("time", np.arange(len(self)))
+        keep = (self.data["replica"] == 0) if "replica" in self.data else slice(None)
+        for a, (c, names) in zip(axes, panels):
+            for k in names:
+                y = self.data[k][keep]
+                ok = np.isfinite(y)
+                a.plot(x[keep][ok], y[ok], label=k if len(names) > 1 else None)
+            a.set_ylabel(c)
+            if c in ("eps", "clusters") and all((self.data[k][keep][np.isfinite(self.data[k][keep])] > 0).all()
+                                                for k in names):
+                a.set_yscale("log")
+            if len(names) > 1:
+                a.legend(fontsize=7)
+        axes[-1].set_xlabel("time" if "time" in self.data else "row")
+        return fig
 
     def to_pandas(self):
         """The columns as a pandas DataFrame (pandas is optional: ImportError names it)."""
@@ -76,6 +177,12 @@ class Trajectory(NamedTuple):
     times: np.ndarray
     tokens: np.ndarray
     meta: dict
+
+    def __repr__(self) -> str:
+        return display.text("Trajectory", display.trajectory_fields(self))
+
+    def _repr_html_(self) -> str:
+        return display.html_table("Trajectory", display.trajectory_fields(self))
 
 
 __all__ = ["Result", "Trajectory"]

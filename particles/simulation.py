@@ -8,6 +8,7 @@ import taichi as ti
 
 from . import attention as attention_mod
 from . import backend, kernels, kernels_fused, kernels_gpu, paths
+from . import display
 from .attention import Attention
 from .clock import step_time
 from .heads import Head
@@ -278,6 +279,12 @@ class Simulation:
             self._flush()
 
     # -- public API -------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        return display.text("Simulation", display.simulation_fields(self))
+
+    def _repr_html_(self) -> str:
+        return display.html_table("Simulation", display.simulation_fields(self))
+
     @property
     def time(self) -> float:
         return step_time(self.step_count, self.dt)

@@ -1,4 +1,5 @@
-"""Progress reporting: a tqdm bar on a terminal, plain periodic lines otherwise."""
+"""Progress reporting: a tqdm bar on a terminal, a notebook widget in Jupyter (``tqdm.auto``),
+plain periodic lines otherwise."""
 from __future__ import annotations
 
 import sys
@@ -14,7 +15,10 @@ class Progress:
         self._last_line = 0.0
         self._start = time.perf_counter()
         self._start_step = initial
-        if enabled and getattr(self.stream, "isatty", lambda: False)():
+        if enabled and stream is None and in_notebook():
+            from tqdm.auto import tqdm   # the widget bar in Jupyter (text where ipywidgets is absent)
+            self._bar = tqdm(total=total, initial=initial, unit="step", smoothing=0.05)
+        elif enabled and getattr(self.stream, "isatty", lambda: False)():
             from tqdm import tqdm
             self._bar = tqdm(total=total, initial=initial, unit="step", file=self.stream,
                              dynamic_ncols=True, smoothing=0.05)
@@ -46,3 +50,14 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (where stderr is no terminal, yet a bar can be drawn)."""
+    if "IPython" not in sys.modules:
+        return False
+    try:
+        ip = sys.modules["IPython"].get_ipython()
+    except Exception:
+        return False
+    return ip is not None and "IPKernelApp" in getattr(ip, "config", {})
