@@ -45,6 +45,7 @@ def _user_errors():
 
 def _load(scene_arg: str, overrides, steps=None, arch=None, dtype=None):
     from scenes import load_scene
+    _refuse_a_sweep(scene_arg)
     overrides = list(overrides or [])
     if arch:
         overrides.append(f"dynamics.arch={arch}")
@@ -54,6 +55,18 @@ def _load(scene_arg: str, overrides, steps=None, arch=None, dtype=None):
     if steps is not None:
         scene = scene.replace(dynamics={"steps": steps})
     return scene
+
+
+def _refuse_a_sweep(scene_arg) -> None:
+    """A bundled sweep's name given where a scene is wanted: say which command runs it."""
+    if not isinstance(scene_arg, str) or Path(scene_arg).exists():
+        return
+    from scenes import bundled_scenes
+    from particles.app.sweep import bundled_sweeps
+    name = scene_arg[:-5] if scene_arg.endswith(".toml") else scene_arg
+    if name in bundled_sweeps() and name not in bundled_scenes():
+        raise UserError(f"{name!r} is a bundled sweep, not a scene: run it with `particles sweep {name}` "
+                        "(`particles scenes` lists scenes and sweeps)")
 
 
 def _positive_int(text: str) -> int:
@@ -142,10 +155,31 @@ def _summary_lines(s: dict) -> list[str]:
 
 def cmd_scenes(args) -> int:
     from scenes import bundled_scenes
-    found = bundled_scenes()
-    width = max(len(name) for name in found)
+    from particles.app.sweep import bundled_sweeps
+    found, sweeps = bundled_scenes(), bundled_sweeps()
+    width = max(len(name) for name in (*found, *sweeps))
+    print("scenes (particles run NAME):")
     for name, (_path, description) in sorted(found.items()):
-        print(f"{name:<{width}}  {description}")
+        print(f"  {name:<{width}}  {description}")
+    if sweeps:
+        print("sweeps (particles sweep NAME):")
+        for name, (_path, description) in sorted(sweeps.items()):
+            print(f"  {name:<{width}}  {description}")
+    return 0
+
+
+DOCS = {"model": ("MODEL.md", "the mathematics and every result `particles reproduce` checks"),
+        "log": ("LOG.md", "every column of log.csv and the run files")}
+
+
+def cmd_docs(args) -> int:
+    from importlib.resources import files
+    name, _what = DOCS[args.page]
+    try:
+        text = files("particles.app").joinpath("docs", name).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"the {args.page} page ({name}) is not in this installation: {exc}") from None
+    print(text, end="" if text.endswith("\n") else "\n")
     return 0
 
 
@@ -279,9 +313,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=cmd_resume)
 
-    p = sub.add_parser("scenes", help="list the bundled scenes",
-                       description="List the bundled scenes, one line each; run one by name.")
+    p = sub.add_parser("scenes", help="list the bundled scenes and sweeps",
+                       description="List the bundled scenes (particles run NAME) and sweeps "
+                                   "(particles sweep NAME), one line each.")
     p.set_defaults(func=cmd_scenes)
+
+    p = sub.add_parser("docs", help="print a documentation page (model, log)",
+                       description="Print a documentation page shipped with the package: "
+                                   + "; ".join(f"{k}: {what} ({f})" for k, (f, what) in DOCS.items()) + ".")
+    p.add_argument("page", choices=sorted(DOCS), help="which page: " + ", ".join(sorted(DOCS)))
+    p.set_defaults(func=cmd_docs)
 
     p = sub.add_parser("show", help="print a scene resolved, with every default filled in",
                        description="Print a scene as TOML with every default filled in and paths made "

@@ -44,7 +44,8 @@ def write_markdown(path: Path, results, meta: dict) -> Path:
         (f"Written by `particles reproduce{' --quick' if meta['mode'] == 'quick' else ''}` on {meta['generated']} "
          f"({meta['mode']} mode, {fmt(meta['runtime_seconds'], 3)} s on {meta['arch']}, {meta['dtype']}, "
          f"particles {meta['particles_version']}). It re-derives the quantitative results of Pendharkar, "
-         "\"Gradient Flow Structure and Quantitative Dynamics of Multi-Head Self-Attention\" (2026) with this "
+         "\"Gradient Flow Structure and Quantitative Dynamics of Multi-Head Self-Attention\" (2026, "
+         "arXiv:2605.04279) with this "
          f"project's simulation engine. Each result is stated in the project's own words in `{MODEL_DOC}` "
          "(in the repository that produced this report). Every number below comes from runs made by this "
          "command; `report.json` holds all of them with each experiment's parameters."),
