@@ -41,6 +41,88 @@ def scene_fingerprint(scene) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+_PREFIX: dict = {}   # log path -> (bytes hashed, sha256 object): each checkpoint hashes only new bytes
+_CHUNKS: dict = {}   # (chunk path, size, mtime) -> sha256 hex: a chunk is written once, atomically
+
+
+def log_prefix_sha256(path: Path, size: int) -> str:
+    """sha256 of the first ``size`` bytes of the log (incremental across checkpoints)."""
+    key = str(Path(path).resolve())
+    done, h = _PREFIX.get(key, (0, None))
+    if h is None or size < done:
+        done, h = 0, hashlib.sha256()
+    with open(path, "rb") as fh:
+        fh.seek(done)
+        while done < size:
+            block = fh.read(min(1 << 20, size - done))
+            if not block:
+                break
+            h.update(block)
+            done += len(block)
+    _PREFIX[key] = (done, h)
+    return h.copy().hexdigest()
+
+
+def chunk_sha256(traj_dir: Path, count: int) -> list[str]:
+    """sha256 of each of the first ``count`` trajectory chunks."""
+    from particles.output import chunk_name
+    out = []
+    for index in range(count):
+        path = Path(traj_dir) / chunk_name(index)
+        st = path.stat()
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        if key not in _CHUNKS:
+            _CHUNKS[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+        out.append(_CHUNKS[key])
+    return out
+
+
+def content_hashes(run_dir: Path, log_bytes: int, chunks: int) -> dict:
+    """The hashes a checkpoint records of what it counts (the log prefix, each chunk)."""
+    run_dir = Path(run_dir)
+    out = {"log_sha256": log_prefix_sha256(run_dir / "log.csv", log_bytes)}
+    if chunks:
+        out["chunk_sha256"] = chunk_sha256(run_dir / "trajectory", chunks)
+    return out
+
+
+def _check_content(tokens, state: dict, run_dir: Path) -> None:
+    """The counted log prefix and chunks hash as recorded, and the tokens equal the
+    trajectory's frame of the same step where the last counted chunk holds one."""
+    if "log_sha256" in state:
+        _PREFIX.pop(str((run_dir / "log.csv").resolve()), None)   # read afresh, never trusted
+        if log_prefix_sha256(run_dir / "log.csv", state["log_bytes"]) != state["log_sha256"]:
+            raise RunFileError("the part of log.csv it counts was changed since it was written "
+                               "(its hash differs)")
+    recorded = state.get("chunk_sha256")
+    if recorded is not None:
+        if not isinstance(recorded, list) or len(recorded) != state["trajectory_chunk"]:
+            raise RunFileError("its trajectory chunk hashes are malformed")
+        _CHUNKS.clear()
+        for index, (want, have) in enumerate(zip(recorded, chunk_sha256(run_dir / "trajectory",
+                                                                         len(recorded)))):
+            if want != have:
+                raise RunFileError(f"trajectory chunk {index} was changed since it was written "
+                                   "(its hash differs)")
+    # the frame of the checkpoint's step is written just after it (checkpoints are served
+    # first), so it lies in the last counted chunk or the next one, whole (chunks are atomic)
+    from particles.output import chunk_name
+    for index in (state["trajectory_chunk"] - 1, state["trajectory_chunk"]):
+        path = run_dir / "trajectory" / chunk_name(index)
+        if index < 0 or not path.is_file() or path.is_symlink():
+            continue
+        try:
+            with np.load(path, allow_pickle=False) as chunk:
+                steps, frames = chunk["steps"], chunk["tokens"]
+        except Exception:  # noqa: BLE001 - a damaged chunk is named by count_frames or cut away
+            continue
+        hit = np.flatnonzero(steps == state["step"])
+        if hit.size and frames[hit[-1]].size == tokens.size and frames.dtype == tokens.dtype \
+                and not np.array_equal(frames[hit[-1]].reshape(tokens.shape), tokens):
+            raise RunFileError(f"its tokens differ from the trajectory's frame of the same step "
+                               f"{state['step']}")
+
+
 def write_checkpoint(run_dir: Path, tokens: np.ndarray, state: dict) -> None:
     buf = io.BytesIO()
     np.savez(buf, tokens=tokens, state=np.array(json.dumps({"format": FORMAT, **state})))
@@ -111,6 +193,7 @@ def validate(tokens, state: dict, *, run_dir: Path, sim, steps_total: int, finge
         if frames != state["trajectory_frames"]:
             raise RunFileError(f"it counts {state['trajectory_frames']} trajectory frames in "
                                f"{state['trajectory_chunk']} chunks, which hold {frames}")
+    _check_content(tokens, state, Path(run_dir))
 
 
 def read_checkpoint(run_dir: Path, echo=print, **context) -> tuple[np.ndarray, dict]:

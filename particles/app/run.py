@@ -33,7 +33,8 @@ from particles.output import RunFileError, atomic_write_text, chunk_name, refuse
 from particles.simulation import BlowUpError
 
 from .build import build_simulation
-from .checkpoint import CheckpointWriter, read_checkpoint, scene_fingerprint, write_checkpoint
+from .checkpoint import (CheckpointWriter, content_hashes, read_checkpoint, scene_fingerprint,
+                         write_checkpoint)
 from .interrupts import DeferredInterrupts
 from .progress import Progress
 from .run_dir import (RunDirError, RunDirLock, claim_for_new_run, clear_run, describe_os_error,
@@ -231,7 +232,9 @@ class Runner:
                 "log_rows": self.log.rows_written, "log_bytes": self.log.bytes_written,
                 "trajectory_frames": self.traj.frames_written if self.traj else 0,
                 "trajectory_chunk": self.traj.next_chunk if self.traj else 0,
-                "summary": self.summary.state(), "scene": self.fingerprint}
+                "summary": self.summary.state(), "scene": self.fingerprint,
+                **content_hashes(self.run_dir, self.log.bytes_written,
+                                 self.traj.next_chunk if self.traj else 0)}
 
     def write_checkpoint(self) -> None:
         """A checkpoint now, at a fully served state (the loop writes periodic ones itself)."""
