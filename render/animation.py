@@ -24,7 +24,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from .colors import TokenColorizer
+from .colors import CLUSTER_LEGEND, TokenColorizer, cluster_count
 from .config import RenderConfig, RunInfo
 from .layout import compute_layout
 from .panels import PanelSet, available_panels
@@ -148,6 +148,9 @@ class Animation:
         layer = np.ravel(log.get("layer", []))
         if layer.size:  # a layer schedule: which layer's heads drive this frame
             stamp = f"layer {int(layer[-1])}   {stamp}"
+        if self._colorizer.mode == "cluster" and token_values is not None and "cluster" in token_values:
+            k = cluster_count(token_values["cluster"])
+            stamp = f"{k} cluster{'' if k == 1 else 's'}   {stamp}"
         self._time_text.set_text(stamp)
         frame = self._render(dirty, panels_dirty)
         if self._writer is None:
@@ -176,9 +179,18 @@ class Animation:
             self._views.append(make_view(ax, spec, cfg, info, layout.view_px))
         if layout.colorbar is not None:
             cax = fig.add_axes(layout.colorbar)
-            cb = fig.colorbar(self._colorizer.mappable, cax=cax, extend="both")
+            index = self._colorizer.mode == "index"
+            cb = fig.colorbar(self._colorizer.mappable, cax=cax, extend="neither" if index else "both")
             cb.set_label(self._colorizer.label, fontsize=9)
+            if index:
+                from matplotlib.ticker import MaxNLocator
+                cb.locator = MaxNLocator(nbins=6, integer=True)
+                cb.update_ticks()
+            if hasattr(cb.formatter, "set_useOffset"):
+                cb.formatter.set_useOffset(False)   # limits of one shared value read as numbers
+                cb.update_ticks()
             cax.tick_params(labelsize=8)
+            self._colorbar = cb
         if panel_names:
             axes = [fig.add_axes(r) for r in layout.panels]
             self._panels = PanelSet(axes, panel_names, list(log.keys()), info, self._t_span(log))
@@ -194,6 +206,9 @@ class Animation:
         fig.text(10 * u / W, y_title, info.title(), ha="left", va="center", fontsize=14, fontweight="bold")
         self._time_text = fig.text(1.0 - 14 * u / W, y_title, "", ha="right", va="center", fontsize=14,
                                    family="DejaVu Sans Mono", animated=True)
+        if self._colorizer.mode == "cluster":
+            fig.text(10 * u / W, y_title - 22 * u / H, CLUSTER_LEGEND, ha="left", va="center", fontsize=9,
+                     color="0.3")
         self._fig, self._canvas = fig, canvas
         self._dynamic = [a for v in self._views for a in v.dynamic_artists()]
         if self._panels is not None:

@@ -7,12 +7,13 @@ from typing import Mapping
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.cm import ScalarMappable
-from matplotlib.colors import Normalize, to_rgba_array
+from matplotlib.colors import ListedColormap, Normalize, to_rgba_array
 
 from .config import RenderConfig, RunInfo
 
 SINGLETON_GREY = (0.55, 0.55, 0.55, 1.0)
 NAN_GREY = (0.75, 0.75, 0.75, 1.0)
+MIN_SPAN = 0.2   # automatic colour limits span at least this fraction of the values' magnitude
 
 
 def lch_to_rgb(lightness, chroma, hue_deg) -> np.ndarray:
@@ -91,6 +92,15 @@ def cluster_colors(labels: np.ndarray) -> np.ndarray:
     return out
 
 
+CLUSTER_LEGEND = "colour: one cluster (tokens joined by cos > threshold); grey: a token in no cluster (singleton)"
+
+
+def cluster_count(labels) -> int:
+    """Clusters in a frame's labels, singletons included (as the log's `clusters` column counts)."""
+    labels = np.asarray(labels).astype(np.int64, copy=False).ravel()
+    return int(np.unique(labels[labels >= 0]).size)
+
+
 class TokenColorizer:
     """Turns a frame's tokens (and optional per-token values) into (n, 4) RGBA colours.
 
@@ -110,9 +120,16 @@ class TokenColorizer:
             self.cmap = self.cmap.with_extremes(bad=NAN_GREY)
         else:
             self.key = None
+        if self.mode == "index" and info.n > 1:   # which positions move together: a bar of indices
+            self.cmap = ListedColormap(self._index, name="token_index")
+            self.norm = Normalize(-0.5, info.n - 0.5)
+            self.mappable = ScalarMappable(norm=self.norm, cmap=self.cmap)
+            self.mappable.set_array(np.array([0, info.n - 1]))
 
     @property
     def label(self) -> str:
+        if self.mode == "index":
+            return "token index i"
         if self.mode == "radial":
             return f"radial shadow $a^{{{self.head}}}_i$ (head {self.head})"
         if self.mode == "entropy":
@@ -145,18 +162,27 @@ class TokenColorizer:
         self.mappable.set_array(np.array(self.limits))
 
     def _auto_limits(self, v: np.ndarray) -> tuple[float, float]:
+        """Limits from the first frame with a 25% margin, never narrower than ``MIN_SPAN`` of the
+        values' size (so tokens that all share one value give a legible bar, not a 1e-7 span with
+        an offset label); entropy's upper limit is the ceiling ln n, its span at least a quarter of it."""
         fin = v[np.isfinite(v)]
         if fin.size == 0:
             lo, hi = 0.0, 1.0
         else:
             lo, hi = float(fin.min()), float(fin.max())
+        scale = max(abs(lo), abs(hi))
+        floor = MIN_SPAN * scale if scale > 0 else 1.0
+        if hi - lo < floor:
+            mid = 0.5 * (lo + hi)
+            lo, hi = mid - 0.5 * floor, mid + 0.5 * floor
         span = hi - lo
-        if span <= 1e-12 * max(1.0, abs(hi)):
-            span = max(abs(hi), 1.0) * 0.5
         lo, hi = lo - 0.25 * span, hi + 0.25 * span
         if self.mode == "entropy":
+            if self.info.log_n > 0:
+                hi = self.info.log_n
+                lo = min(lo, hi - 0.25 * self.info.log_n)
             lo = max(lo, 0.0)
-            hi = max(self.info.log_n, lo + 1e-6) if self.info.log_n > 0 else max(hi, lo + 1.0)
+            hi = max(hi, lo + 1e-6)
         return lo, hi
 
     def colors(self, tokens: np.ndarray, token_values: Mapping[str, np.ndarray] | None) -> np.ndarray:

@@ -85,20 +85,27 @@ def _time_axis(cols: dict[str, np.ndarray]):
 
 def _draw_group(ax, t, base: str, members, cols, legend_ok: bool = True) -> None:
     ys = []
+    drawn: list[tuple[int, np.ndarray]] = []
     for h, col in members:
         y = cols[col]
         ys.append(y)
         color = "black" if h is None else head_color(h)
         label = f"head {h}" if h is not None else ("total" if base == "energy" else col)
+        style = "-"
+        if h is not None:   # a head whose curve equals an earlier head's: dashed on top, and said
+            same = next((g for g, other in drawn if np.allclose(y, other, rtol=1e-5, atol=0, equal_nan=True)), None)
+            if same is not None:
+                style, label = (0, (4, 3)), f"head {h} (= head {same})"
+            drawn.append((h, y))
         # columns logged every k rows (clusters, min_cosine) are nan in between: skip those
         # rows, or the line would have no two neighbouring points to join
         defined = ~np.isnan(y)
         ax.plot(thin(t[defined], MAX_POINTS), thin(y[defined], MAX_POINTS), color=color, lw=1.8 if h is None else 1.3,
-                label=label)
+                ls=style, label=label)
     allv = np.concatenate(ys) if ys else np.array([])
     fin = allv[np.isfinite(allv)]
-    if fin.size and fin.min() > 0 and fin.max() / fin.min() > 1e3:
-        ax.set_yscale("log")
+    if fin.size and fin.min() > 0 and (base == "clusters" or fin.max() / fin.min() > 1e3):
+        ax.set_yscale("log")   # cluster counts fall by factors: a log axis keeps 64 -> 2 -> 1 legible
     if not fin.size:   # nothing drawn: keep the run's time axis and say why it is empty
         if np.isfinite(t).any():
             lo, hi = float(np.nanmin(t)), float(np.nanmax(t))
@@ -139,9 +146,10 @@ def save_png_svg(fig: Figure, out_stem) -> list[Path]:
     return paths
 
 
-def plot_summary(log, out_stem) -> list[Path]:
+def plot_summary(log, out_stem, title: str | None = None) -> list[Path]:
     """One figure, a grid with a subplot per logged quantity (per-head columns together) against
-    time; written to out_stem.png and out_stem.svg. Returns the two paths."""
+    time, under ``title`` (e.g. the scene, n, d, H, rule, beta); written to out_stem.png and
+    out_stem.svg. Returns the two paths."""
     cols = log_columns(log)
     groups = group_columns(cols)
     if not groups:
@@ -159,6 +167,8 @@ def plot_summary(log, out_stem) -> list[Path]:
             ax.set_xlabel(xlabel, fontsize=8)
     for j in range(k, nrows * ncols):
         axes[j // ncols][j % ncols].set_visible(False)
+    if title:
+        fig.suptitle(title, fontsize=12, fontweight="bold")
     return save_png_svg(fig, out_stem)
 
 

@@ -248,9 +248,27 @@ def cmd_plot(args) -> int:
         stem = stem.with_suffix("")
     for suffix in (".png", ".svg"):   # never write through a link left in the folder
         refuse_link(Path(str(stem) + suffix))
-    for path in plot_summary(columns, stem):
+    for path in plot_summary(columns, stem, title=_run_title(log.parent)):
         print(f"wrote {path}")
     return 0
+
+
+def _run_title(run_dir: Path) -> str | None:
+    """'scene   n = 64, d = 3, H = 2, rule = softmax, beta = 4' from a run's scene.toml (None without one)."""
+    import tomllib
+    try:
+        with open(run_dir / "scene.toml", "rb") as fh:
+            scene = tomllib.load(fh)
+        tok, heads, dyn = scene.get("tokens", {}), scene.get("heads", {}), scene.get("dynamics", {})
+        parts = [f"n = {tok['n']}", f"d = {tok['d']}"]
+        if isinstance(heads.get("count"), int):
+            parts.append(f"H = {heads['count']}")
+        parts += [f"rule = {dyn['rule']}", f"\u03b2 = {dyn['beta']:g}"]
+        if dyn.get("geometry") == "flat":
+            parts.append("flat")
+        return f"{scene.get('name', run_dir.name)}    " + ", ".join(parts)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def cmd_render(args) -> int:

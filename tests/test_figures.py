@@ -1,0 +1,107 @@
+"""Figures and videos labelled (issue 26): colour-bar limits, legends, cluster count, summary figure."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from render import Animation, RenderConfig, RunInfo
+from render.colors import CLUSTER_LEGEND, TokenColorizer, cluster_count
+from render.figures import plot_summary
+
+SMALL = dict(width=320, height=180, fps=10, dpi=50)
+
+
+def _info(n=8, d=3, heads=2):
+    return RunInfo("scene", 0.65, "exp", heads, n, d)
+
+
+@pytest.mark.parametrize("value", [0.2390000001, 0.239])
+def test_radial_colour_bar_has_a_minimum_span_when_tokens_agree(value):
+    c = TokenColorizer(RenderConfig(color_by="radial"), _info())
+    v = np.full(8, value)
+    v[3] += 1e-8                                      # float noise across tokens
+    c.prepare(np.zeros((8, 3)), {"radial_h0": v})
+    lo, hi = c.limits
+    assert hi - lo >= 0.2 * value and lo < value < hi
+
+
+def test_entropy_colour_bar_keeps_the_theory_ceiling_and_a_legible_span():
+    info = _info(n=8)
+    c = TokenColorizer(RenderConfig(color_by="entropy"), info)
+    c.prepare(np.zeros((8, 3)), {"entropy_h0": np.full(8, np.log(8) - 1e-9)})
+    lo, hi = c.limits
+    assert hi == pytest.approx(np.log(8)) and hi - lo >= 0.25 * np.log(8) - 1e-12
+
+
+def test_index_colouring_has_a_colour_bar_of_positions():
+    c = TokenColorizer(RenderConfig(color_by="index"), _info(n=64))
+    assert c.mappable is not None and c.label == "token index i"
+    assert tuple(c.mappable.get_clim()) == (-0.5, 63.5)
+
+
+def test_cluster_count_counts_singletons():
+    assert cluster_count(np.array([0, 0, 1, 2, 2, 2])) == 3
+
+
+def _frame_texts(tmp_path, color_by, token_values):
+    info = _info(n=8, d=3)
+    path = tmp_path / "v.mp4"
+    anim = Animation(path, RenderConfig(color_by=color_by, **SMALL), info, t_end=1.0)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 3))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    anim.add_frame(x, 0.0, {"time": np.array([0.0])}, token_values)
+    texts = [t.get_text() for t in anim._fig.texts]
+    anim.close()
+    return texts, anim
+
+
+def test_cluster_frames_say_the_count_and_what_grey_means(tmp_path):
+    labels = np.array([0, 0, 0, 1, 1, 2, 3, 4])
+    texts, _ = _frame_texts(tmp_path, "cluster", {"cluster": labels})
+    assert CLUSTER_LEGEND in texts and "grey: a token in no cluster (singleton)" in CLUSTER_LEGEND
+    assert any(t.startswith("5 clusters   t = 0.000") for t in texts)
+    texts, _ = _frame_texts(tmp_path, "cluster", {"cluster": np.zeros(8, int)})
+    assert any(t.startswith("1 cluster   t") for t in texts)
+
+
+def test_radial_colour_bar_has_no_offset_label(tmp_path):
+    _, anim = _frame_texts(tmp_path, "radial", {"radial_h0": np.full(8, 0.239)})
+    fmt = anim._colorbar.formatter
+    assert fmt.get_useOffset() is False and fmt.get_offset() == ""
+
+
+def _log():
+    t = np.linspace(0, 10, 21)
+    e = 1 + t
+    return {"step": np.arange(21), "time": t, "energy": 2 * e, "energy_h0": e, "energy_h1": e.copy(),
+            "clusters": np.maximum(64 // (1 + np.arange(21) ** 2), 1).astype(float)}
+
+
+def test_summary_figure_has_a_title_a_log_cluster_axis_and_visible_twin_heads(tmp_path, monkeypatch):
+    import render.figures as figures
+    seen = {}
+    real = figures.save_png_svg
+
+    def keep(fig, stem):
+        seen["fig"] = fig
+        return real(fig, stem)
+
+    monkeypatch.setattr(figures, "save_png_svg", keep)
+    plot_summary(_log(), tmp_path / "s", title="scene    n = 8, d = 3, H = 2, rule = exp, \u03b2 = 0.65")
+    fig = seen["fig"]
+    assert fig._suptitle.get_text() == "scene    n = 8, d = 3, H = 2, rule = exp, \u03b2 = 0.65"
+    axes = {ax.get_title(loc="left").split(":")[0]: ax for ax in fig.axes if ax.get_visible()}
+    assert axes["clusters"].get_yscale() == "log"
+    labels = [ln.get_label() for ln in axes["energy"].lines]
+    assert "head 1 (= head 0)" in labels
+    twin = axes["energy"].lines[labels.index("head 1 (= head 0)")]
+    assert twin.get_linestyle() == "--"
+
+
+def test_particles_plot_titles_the_figure_from_the_run(tmp_path):
+    from particles.app.cli import _run_title
+    (tmp_path / "scene.toml").write_text('name = "quickstart"\n[tokens]\nn = 64\nd = 3\n[heads]\ncount = 2\n'
+                                         '[dynamics]\nrule = "softmax"\nbeta = 4.0\ngeometry = "sphere"\n')
+    assert _run_title(tmp_path) == "quickstart    n = 64, d = 3, H = 2, rule = softmax, \u03b2 = 4"
+    assert _run_title(tmp_path / "missing") is None
