@@ -186,3 +186,30 @@ class Trajectory(NamedTuple):
 
 
 __all__ = ["Result", "Trajectory"]
+
+
+def token_keeper(every: int, ensemble: bool, meta: dict):
+    """A drive writer that keeps the tokens every ``every`` steps and at the end, in memory
+    (``sim.run(..., trajectory_every=k)``); ``.trajectory()`` gives them as a Trajectory."""
+    from .drive import AT_END, Every, Writer
+
+    class _Keep(Writer):
+        trigger = Every(every) | AT_END
+        needs = frozenset({"tokens"})
+
+        def __init__(self):
+            self.steps, self.times, self.frames = [], [], []
+
+        def on_state(self, state):
+            if self.steps and self.steps[-1] == state.step:
+                return
+            x = np.asarray(state.tokens, dtype=np.float64)
+            self.steps.append(state.step)
+            self.times.append(state.time)
+            self.frames.append(x if ensemble else x[0])
+
+        def trajectory(self) -> Trajectory:
+            return Trajectory(np.asarray(self.steps, dtype=np.int64), np.asarray(self.times, dtype=np.float64),
+                              np.stack(self.frames) if self.frames else np.zeros((0,)), dict(meta))
+
+    return _Keep()

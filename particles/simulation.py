@@ -328,8 +328,10 @@ class Simulation:
         self._beta.from_numpy(b.astype(self._np_real))
         self.betas = b
 
-    def run(self, steps: int, every: int = 1):
+    def run(self, steps: int, every: int = 1, trajectory_every: int = 0):
         """Advance ``steps`` steps, observing every ``every``-th state and the final one.
+        ``trajectory_every=k`` also keeps the tokens every k steps and at the end, in memory:
+        ``result.trajectory`` (a ``particles.Trajectory``; None when 0).
 
         Returns a ``particles.Result``: NumPy arrays per log column (``result["eps"]``,
         ``result.columns``; ``.to_pandas()`` when pandas is installed), one entry per observed
@@ -343,8 +345,17 @@ class Simulation:
         self._refuse_if_blown_up()
         self.take_rows()
         rows = Rows(Every(every) | AT_END)
-        drive(self, [rows], self.step_count + steps)
-        return Result.from_rows(rows.rows, final_tokens=self.tokens)
+        keep = None
+        if trajectory_every:
+            from .result import token_keeper
+            keep = token_keeper(validation.step_count("trajectory_every", trajectory_every, 1), self.ensemble,
+                                {"n": self.n, "d": self.d, "n_heads": self.n_heads, "rule": self.rule.name,
+                                 "beta": self.betas.tolist(), "geometry": self.geometry, "dt": self.dt})
+        drive(self, [rows] + ([keep] if keep else []), self.step_count + steps)
+        result = Result.from_rows(rows.rows, final_tokens=self.tokens)
+        if keep is not None:
+            result = Result(result.data, result.final_tokens, keep.trajectory())
+        return result
 
     def velocity(self) -> np.ndarray:
         """xdot at the current state, float64 NumPy of the tokens' shape."""

@@ -126,3 +126,18 @@ def test_progress_uses_the_notebook_bar_in_jupyter(monkeypatch):
 def test_not_a_notebook_outside_jupyter():
     from particles.app.progress import in_notebook
     assert in_notebook() is False
+
+
+def test_run_keeps_the_tokens_when_asked():
+    import particles
+    from particles import Head
+    rng = np.random.default_rng(1)
+    sim = particles.Simulation(rng.standard_normal((6, 3)), [Head.scalar(1.0, 3)], beta=1.0, dt=0.1, arch="cpu")
+    res = sim.run(10, every=5, trajectory_every=4)
+    traj = res.trajectory
+    assert list(traj.steps) == [0, 4, 8, 10] and traj.tokens.shape == (4, 6, 3)
+    assert np.allclose(traj.tokens[-1], res.final_tokens) and traj.meta["n"] == 6
+    assert "trajectory=4 frames" in repr(res)
+    assert sim.run(2).trajectory is None
+    with pytest.raises(Exception, match="trajectory_every"):
+        sim.run(2, trajectory_every=-1)
