@@ -31,6 +31,9 @@ from .panels import PanelSet, available_panels
 from .views import make_view, plan_views, project, resolve_view
 from .writers import FORMATS, open_writer
 
+DEFAULT_SIZE = (1280, 720)       # RenderConfig's default width, height
+GIF_DEFAULT_SIZE = (800, 450)    # what a GIF gets when the size was left at the default
+
 
 def effective_dpi(dpi: float, width: int, height: int) -> float:
     """The configured dpi sets the text and line scale of a 1280x720 frame; smaller frames
@@ -82,6 +85,8 @@ class Animation:
         self._fig = None
         self._closed = False
         w, h = config.width, config.height
+        if self.path.suffix.lower() == ".gif" and (w, h) == DEFAULT_SIZE:
+            w, h = GIF_DEFAULT_SIZE                       # a GIF at 1280 x 720 runs to ~10 MB
         if self.path.suffix.lower() == ".mp4":           # yuv420p needs even sizes
             w, h = w + (w % 2), h + (h % 2)
         self.frame_size = (w, h)

@@ -43,7 +43,8 @@ class RenderConfig:
     panels      time-series panels beside the particles, drawn when their log
                 columns exist: "energy", "radial_dominance", "entropy".
     fps         frames per second of the video.
-    width, height  frame size in pixels (an odd size is padded to even for .mp4).
+    width, height  frame size in pixels (an odd size is padded to even for .mp4; a .gif left at
+                the default 1280x720 is drawn at 800x450, which keeps the file to ~40% of that).
     dpi         text and line scale at 1280x720 (points -> pixels); frames smaller than
                 that scale it down by min(1, width/1280, height/720) ** 0.7 so the layout fits.
     color_limits  fixed (low, high) for the colour bar of "radial"/"entropy";

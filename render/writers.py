@@ -3,7 +3,8 @@
 .mp4  imageio's ffmpeg writer (imageio-ffmpeg's bundled binary): libx264, yuv420p, quality 7
       (crf 15), preset veryfast; frames must have even width and height. ffmpeg runs in its own
       process group (imageio-ffmpeg), so Ctrl-C does not kill it before the file is finalised.
-.gif  written block by block: each frame is quantised to its own 256-colour palette by Pillow
+.gif  written block by block: each frame, with a 4x4 ordered dither against banding, is
+      quantised to its own 256-colour palette by Pillow
       (imageio's GIF backend) and appended to the file with its delay (1/fps) and a local
       colour table; the NETSCAPE loop block sets loop=0 (forever). imageio's own GIF writer
       keeps every frame in memory until it closes, which a long video cannot afford.
@@ -93,6 +94,19 @@ def _split_single_gif(data: bytes):
     raise RuntimeError("GIF frame without image data")
 
 
+_BAYER4 = (np.array([[0, 8, 2, 10], [12, 4, 14, 6], [3, 11, 1, 9], [15, 7, 13, 5]], np.float32) + 0.5) / 16 - 0.5
+GIF_DITHER = 8.0   # amplitude (of 255) of the ordered dither that breaks a 256-colour palette's bands
+
+
+def ordered_dither(rgb: np.ndarray, amplitude: float = GIF_DITHER) -> np.ndarray:
+    """A 4x4 Bayer pattern added before quantisation: smooth shading (the sphere) keeps its local
+    mean instead of breaking into bands, and the regular pattern costs LZW ~20%, far less than
+    error diffusion's noise."""
+    h, w = rgb.shape[:2]
+    t = np.tile(_BAYER4, (h // 4 + 1, w // 4 + 1))[:h, :w, None]
+    return np.clip(rgb.astype(np.float32) + amplitude * t, 0, 255).round().astype(np.uint8)
+
+
 class GifStreamWriter:
     def __init__(self, path: Path, fps: float):
         self._fp = open(path, "wb")
@@ -109,7 +123,7 @@ class GifStreamWriter:
             self._fp.write(b"\x21\xFF\x0BNETSCAPE2.0\x03\x01" + struct.pack("<H", 0) + b"\x00")
         elif (w, h) != self._size:
             raise ValueError(f"GIF frame size {w}x{h} differs from the first frame's {self._size}")
-        im = Image.fromarray(np.ascontiguousarray(frame[..., :3]), "RGB")
+        im = Image.fromarray(ordered_dither(frame[..., :3]), "RGB")
         pim = im.quantize(colors=256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE)
         buf = io.BytesIO()
         pim.save(buf, format="GIF", interlace=False)

@@ -105,3 +105,47 @@ def test_particles_plot_titles_the_figure_from_the_run(tmp_path):
                                          '[dynamics]\nrule = "softmax"\nbeta = 4.0\ngeometry = "sphere"\n')
     assert _run_title(tmp_path) == "quickstart    n = 64, d = 3, H = 2, rule = softmax, \u03b2 = 4"
     assert _run_title(tmp_path / "missing") is None
+
+
+def _gradient(h=180, w=320):
+    """A shaded sphere's colours (light blue-grey to slate) with saturated token dots."""
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    r = np.clip(np.hypot(x - 0.35 * w, y - 0.35 * h) / (0.8 * w), 0, 1)[..., None]
+    img = (1 - r) * np.array([235, 240, 250]) + r * np.array([95, 105, 125])
+    rng = np.random.default_rng(0)
+    for cx, cy in rng.integers(0, [w, h], size=(40, 2)):
+        img[max(cy - 3, 0):cy + 3, max(cx - 3, 0):cx + 3] = rng.integers(0, 256, 3)
+    return img.astype(np.uint8)
+
+
+def _band_error(path, frame):
+    import imageio.v3 as iio
+    got = iio.imread(path, index=0)[..., :3].astype(np.float64)
+    k = 4                                             # local means over 4x4 blocks: what the eye sees
+    h, w = (frame.shape[0] // k) * k, (frame.shape[1] // k) * k
+
+    def blocks(a):
+        return a[:h, :w].reshape(h // k, k, w // k, k, 3).mean(axis=(1, 3))
+    return float(np.abs(blocks(got) - blocks(frame.astype(np.float64))).mean())
+
+
+def test_gif_frames_are_dithered_against_banding(tmp_path, monkeypatch):
+    from render import writers
+    frame = _gradient()
+    dithered = tmp_path / "d.gif"
+    w = writers.GifStreamWriter(dithered, 10)
+    w.append(frame)
+    w.close()
+    monkeypatch.setattr(writers, "ordered_dither", lambda rgb: np.ascontiguousarray(rgb))
+    banded = tmp_path / "b.gif"
+    w = writers.GifStreamWriter(banded, 10)
+    w.append(frame)
+    w.close()
+    assert _band_error(dithered, frame) < 0.6 * _band_error(banded, frame)
+
+
+def test_gif_default_size_is_smaller(tmp_path):
+    info = _info()
+    assert Animation(tmp_path / "a.gif", RenderConfig(), info).frame_size == (800, 450)
+    assert Animation(tmp_path / "a.mp4", RenderConfig(), info).frame_size == (1280, 720)
+    assert Animation(tmp_path / "b.gif", RenderConfig(width=640, height=360), info).frame_size == (640, 360)
