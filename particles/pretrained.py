@@ -50,6 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import ParticlesUserError
 from .heads import Head
 
 __all__ = ["PretrainedError", "Checkpoint", "LayerHeads", "TextTokens", "open_checkpoint",
@@ -68,7 +69,7 @@ _PREFIXES = ("bert.", "roberta.", "transformer.", "model.", "")
 _DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
 
 
-class PretrainedError(ValueError):
+class PretrainedError(ParticlesUserError):
     """A checkpoint, layer, head selection or text that cannot be used: the message names the
     file (or key) and says what was given and what is allowed. ``key`` names the argument at
     fault where it is one ("layer", "heads", "rotary", "text"), else None (the model)."""
