@@ -158,3 +158,21 @@ def test_e1_best_start_column_is_the_minimum():
     from particles.app.reproduce import e1_energy
     src = inspect.getsource(e1_energy)
     assert 'min(p["per_start"])' in src and 'max(p["per_start"])' not in src
+
+
+def test_render_frames_that_cannot_be_honoured_are_said():
+    from particles.app.summary import frame_note, frames_of
+    assert frames_of(500, 5) == 101 and frames_of(500, 8) == 64
+    note = frame_note(150, 500, 5, 5)
+    assert note.startswith("note: [render] frames = 150 gives 101 frames here")
+    assert "a multiple of [log] every = 5" in note and "a divisor of 100" in note
+
+
+def test_a_run_says_when_its_frame_count_differs(tmp_path):
+    from particles.app.run import run_scene
+    from scenes import load_scene
+    said = []
+    scene = load_scene("quickstart", ["tokens.n=8", "dynamics.steps=20", "log.every=5", "render.frames=3",
+                                      "render.width=320", "render.height=180"])
+    run_scene(scene, tmp_path / "r", progress=False, echo=said.append)
+    assert any(s.startswith("note: [render] frames = 3 gives 5 frames here") for s in said), said

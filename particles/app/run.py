@@ -40,7 +40,7 @@ from .progress import Progress
 from .run_dir import (RunDirError, RunDirLock, claim_for_new_run, clear_run, describe_os_error,
                       is_machine_fault, new_run_dir)
 from .run_writers import LogCsv, Trajectory, Video
-from .summary import Summary, energy_note
+from .summary import Summary, energy_note, frame_note, frames_of
 
 
 @dataclass
@@ -120,6 +120,8 @@ class Runner:
         frames = max(1, int(render_cfg.frames))
         raw = max(1, self.steps_total // frames)
         self.frame_every = max(self.log_every, int(round(raw / self.log_every)) * self.log_every)
+        if self.render_on and frames_of(self.steps_total, self.frame_every) != frames + 1:   # said, not silent
+            echo(frame_note(frames, self.steps_total, self.frame_every, self.log_every))
         groups = tuple(g for g in ("energy", "radial", "entropy") if getattr(log, g))
         self.columns = columns(sim.n_heads, sim.entropy_rate_enabled, clusters_every > 0,
                                sim.ensemble, groups, layer=sim.scheduled)

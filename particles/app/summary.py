@@ -186,3 +186,16 @@ def energy_note(sim) -> str | None:
 
 def _heads(hs: list[int]) -> str:
     return f"head {hs[0]}" if len(hs) == 1 else "heads " + ", ".join(str(h) for h in hs)
+
+
+def frames_of(steps: int, frame_every: int) -> int:
+    """Frames of a video drawn every ``frame_every`` steps and at the end, from step 0."""
+    return steps // frame_every + 1 + (1 if steps % frame_every else 0)
+
+
+def frame_note(frames: int, steps: int, frame_every: int, log_every: int) -> str:
+    """What ``[render] frames`` became: frames fall on logged steps (the panels draw log rows)."""
+    got = frames_of(steps, frame_every)
+    return (f"note: [render] frames = {frames} gives {got} frames here (the initial state, then one every "
+            f"{frame_every} steps of {steps}: a frame falls on a logged step, a multiple of [log] every = "
+            f"{log_every}); set frames to a divisor of {steps // log_every} for an exact count")
