@@ -184,6 +184,60 @@ class Trajectory(NamedTuple):
     def _repr_html_(self) -> str:
         return display.html_table("Trajectory", display.trajectory_fields(self))
 
+    def animate(self, replica: int = 0, max_frames: int = 200, fps: int = 10):
+        """An inline animation for a notebook (matplotlib's JavaScript player, no files): tokens
+        in their first two coordinates (three on a 3-D axis for d = 3), one frame per saved step
+        (at most ``max_frames``, evenly picked). Returns an object Jupyter displays as HTML."""
+        from matplotlib.animation import FuncAnimation
+        from matplotlib.figure import Figure
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        x = np.asarray(self.tokens, dtype=np.float64)
+        if x.ndim == 4:
+            x = x[:, replica]
+        if x.ndim != 3 or len(x) == 0:
+            raise ValueError(f"Trajectory.animate: no frames to draw (tokens of shape {np.shape(self.tokens)})")
+        pick = np.unique(np.linspace(0, len(x) - 1, min(len(x), max_frames)).round().astype(int))
+        fig = Figure(figsize=(4.5, 4.5), dpi=80)
+        FigureCanvasAgg(fig)
+        three = x.shape[2] == 3
+        ax = fig.add_subplot(projection="3d" if three else None)
+        lim = 1.05 * max(1.0, float(np.nanmax(np.abs(x[..., :3]))))
+        for setter in (ax.set_xlim, ax.set_ylim) + ((ax.set_zlim,) if three else ()):
+            setter(-lim, lim)
+        colors = np.arange(x.shape[1])
+        first = x[pick[0]]
+        dots = (ax.scatter(first[:, 0], first[:, 1], first[:, 2], c=colors, cmap="hsv", s=12) if three
+                else ax.scatter(first[:, 0], first[:, min(1, x.shape[2] - 1)], c=colors, cmap="hsv", s=12))
+        title = ax.set_title("")
+
+        def draw(k):
+            f = x[pick[k]]
+            if three:
+                dots._offsets3d = (f[:, 0], f[:, 1], f[:, 2])
+            else:
+                dots.set_offsets(f[:, :2])
+            title.set_text(f"t = {float(self.times[pick[k]]):g}  (step {int(self.steps[pick[k]])})")
+            return dots, title
+
+        anim = FuncAnimation(fig, draw, frames=len(pick), interval=1000 / fps, blit=False)
+        return _Html(anim.to_jshtml(fps=fps, default_mode="once"))
+
+
+class _Html:
+    """HTML that Jupyter displays (``_repr_html_``); ``str()`` gives the markup."""
+
+    def __init__(self, markup: str):
+        self.markup = markup
+
+    def _repr_html_(self) -> str:
+        return self.markup
+
+    def __str__(self) -> str:
+        return self.markup
+
+    def __repr__(self) -> str:
+        return f"<inline animation: {len(self.markup)} characters of HTML; display it in Jupyter>"
+
 
 __all__ = ["Result", "Trajectory"]
 

@@ -141,3 +141,13 @@ def test_run_keeps_the_tokens_when_asked():
     assert sim.run(2).trajectory is None
     with pytest.raises(Exception, match="trajectory_every"):
         sim.run(2, trajectory_every=-1)
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_trajectory_animates_inline(d):
+    rng = np.random.default_rng(2)
+    tokens = rng.standard_normal((5, 7, d))
+    traj = Trajectory(np.arange(5) * 10, np.arange(5) * 0.1, tokens, {})
+    html = traj.animate(max_frames=3)._repr_html_()
+    assert "<script" in html and "animation" in html.lower()
+    assert html.count("frames[") >= 3 or "frames = new Array(3)" in html or "new Array(3)" in html
