@@ -151,12 +151,20 @@ class Animation:
         panels_dirty = self._panels.update(log) if self._panels is not None else []
         stamp = f"t = {time:.3f}" if abs(time) < 1e5 else f"t = {time:.4g}"
         layer = np.ravel(log.get("layer", []))
-        if layer.size:  # a layer schedule: which layer's heads drive this frame
-            stamp = f"layer {int(layer[-1])}   {stamp}"
+        notes = []
+        if layer.size:  # a layer schedule: which layer's heads (and rule, mask) drive this frame
+            k = int(layer[-1])
+            labels = self.info.layer_labels
+            what = f": {labels[k]}" if labels and 0 <= k < len(labels) else ""
+            stamp = f"layer {k}   {stamp}"
+            notes.append(f"layer {k}{what}")
         if self._colorizer.mode == "cluster" and token_values is not None and "cluster" in token_values:
             k = cluster_count(token_values["cluster"])
-            stamp = f"{k} cluster{'' if k == 1 else 's'}   {stamp}"
+            notes.append(f"{k} cluster{'' if k == 1 else 's'}")
+        if self._colorizer.mode == "cluster":
+            notes.append(CLUSTER_LEGEND)
         self._time_text.set_text(stamp)
+        self._info_text.set_text("   \u00b7   ".join(notes))
         frame = self._render(dirty, panels_dirty)
         if self._writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -211,14 +219,14 @@ class Animation:
         fig.text(10 * u / W, y_title, info.title(), ha="left", va="center", fontsize=14, fontweight="bold")
         self._time_text = fig.text(1.0 - 14 * u / W, y_title, "", ha="right", va="center", fontsize=14,
                                    family="DejaVu Sans Mono", animated=True)
-        if self._colorizer.mode == "cluster":
-            fig.text(10 * u / W, y_title - 22 * u / H, CLUSTER_LEGEND, ha="left", va="center", fontsize=9,
-                     color="0.3")
+        # the second line: the layer in force (its rule and mask), the cluster count, what colours mean
+        self._info_text = fig.text(10 * u / W, y_title - 22 * u / H, "", ha="left", va="center", fontsize=9,
+                                   color="0.25", animated=True)
         self._fig, self._canvas = fig, canvas
         self._dynamic = [a for v in self._views for a in v.dynamic_artists()]
         if self._panels is not None:
             self._dynamic += self._panels.dynamic_artists()
-        self._dynamic.append(self._time_text)
+        self._dynamic += [self._time_text, self._info_text]
         self._history = collections.deque(maxlen=cfg.trails + 1)
         self._needs_redraw = True
         self._background = None

@@ -92,7 +92,7 @@ def cluster_colors(labels: np.ndarray) -> np.ndarray:
     return out
 
 
-CLUSTER_LEGEND = "colour: one cluster (tokens joined by cos > threshold); grey: a token in no cluster (singleton)"
+CLUSTER_LEGEND = "colour: a cluster (cos > threshold); grey: a singleton (in no cluster)"
 
 
 def cluster_count(labels) -> int:

@@ -143,6 +143,7 @@ class RunInfo:
     geometry: str = "sphere"
     head_bases: list | None = None
     t_end: float | None = None
+    layer_labels: tuple | None = None   # a layer schedule: what each layer runs ("rule = relu, causal")
     log_n: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -187,5 +188,6 @@ class RunInfo:
     def title(self) -> str:
         """'name   beta=..., rule=..., H=..., n=..., d=...' (geometry named when flat)."""
         geo = ", flat" if self.geometry == "flat" else ""
-        return (f"{self.name}    \u03b2 = {self.beta:g},  rule = {self.rule},  H = {self.n_heads},  "
+        rule = "by layer" if self.layer_labels else self.rule   # the frame's stamp names the layer's
+        return (f"{self.name}    \u03b2 = {self.beta:g},  rule = {rule},  H = {self.n_heads},  "
                 f"n = {self.n},  d = {self.d}{geo}")

@@ -59,10 +59,26 @@ def _frame_texts(tmp_path, color_by, token_values):
 def test_cluster_frames_say_the_count_and_what_grey_means(tmp_path):
     labels = np.array([0, 0, 0, 1, 1, 2, 3, 4])
     texts, _ = _frame_texts(tmp_path, "cluster", {"cluster": labels})
-    assert CLUSTER_LEGEND in texts and "grey: a token in no cluster (singleton)" in CLUSTER_LEGEND
-    assert any(t.startswith("5 clusters   t = 0.000") for t in texts)
+    assert "grey: a singleton (in no cluster)" in CLUSTER_LEGEND
+    assert "5 clusters   \u00b7   " + CLUSTER_LEGEND in texts and "t = 0.000" in texts
     texts, _ = _frame_texts(tmp_path, "cluster", {"cluster": np.zeros(8, int)})
-    assert any(t.startswith("1 cluster   t") for t in texts)
+    assert any(t.startswith("1 cluster   \u00b7") for t in texts)
+
+
+def test_a_layer_schedule_names_the_layer_in_force(tmp_path):
+    from scenes import load_scene
+    from particles.app.rerender import layer_labels
+    labels = layer_labels(load_scene("three_layers"))
+    assert labels == ("rule = softmax", "rule = relu", "rule = softmax, causal")
+    info = RunInfo("three_layers", 4.0, "softmax", 2, 8, 3, layer_labels=labels)
+    assert "rule = by layer" in info.title()
+    anim = Animation(tmp_path / "v.mp4", RenderConfig(**SMALL), info, t_end=1.0)
+    x = np.eye(3)[[0, 1, 2, 0, 1, 2, 0, 1]] + 0.01
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    anim.add_frame(x, 0.5, {"time": np.array([0.0, 0.5]), "layer": np.array([0, 1])})
+    texts = [t.get_text() for t in anim._fig.texts]
+    anim.close()
+    assert "layer 1: rule = relu" in texts and "layer 1   t = 0.500" in texts
 
 
 def test_radial_colour_bar_has_no_offset_label(tmp_path):

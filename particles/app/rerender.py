@@ -39,7 +39,21 @@ def head_bases(heads) -> list[np.ndarray]:
 def run_info(scene, heads, beta: float) -> RunInfo:
     return RunInfo(name=scene.name, beta=float(beta), rule=scene.dynamics.rule, n_heads=len(heads),
                    n=scene.tokens.n, d=scene.tokens.d, geometry=scene.dynamics.geometry,
-                   head_bases=head_bases(heads))
+                   head_bases=head_bases(heads), layer_labels=layer_labels(scene))
+
+
+def layer_labels(scene) -> tuple | None:
+    """'rule = softmax', 'rule = relu', 'rule = softmax, causal' per layer of a schedule (None without
+    one): a layer's rule and mask are its own where it sets them, else the scene's [dynamics] ones."""
+    layers = scene.data.get("layers") if isinstance(getattr(scene, "data", None), dict) else None
+    if not layers:
+        return None
+    base_rule, base_mask = scene.dynamics.rule, getattr(scene.dynamics, "mask", "none")
+    out = []
+    for layer in [{}] + list(layers):
+        rule, mask = layer.get("rule", base_rule), layer.get("mask", base_mask)
+        out.append(f"rule = {rule}" + (f", {mask}" if mask and mask != "none" else ""))
+    return tuple(out)
 
 
 class UntrustedRuleFile(ValueError):
