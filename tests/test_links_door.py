@@ -102,3 +102,18 @@ def test_a_run_and_a_sweep_never_share_a_folder(tmp_path, capsys):
                      "--quiet", "--out", str(out)] + extra) == 2
         assert "already holds a sweep" in " ".join(capsys.readouterr().err.split())
     assert not (out / "log.csv").exists() and (out / "results.csv").exists()
+
+
+def test_an_unreachable_ray_address_is_exit_2_within_seconds(tmp_path, capsys):
+    import time
+    pytest.importorskip("ray")
+    from particles.app.cli import main
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text('name = "ray"\n[tokens]\nn = 6\nd = 3\n[heads]\nkind = "scalar"\n'
+                     '[dynamics]\nsteps = 2\n[axes]\n"dynamics.beta" = [1.0]\n'
+                     '[record]\ntimes = [0.0]\nobservables = ["eps"]\n')
+    t0 = time.monotonic()
+    code = main(["sweep", str(sweep), "--out", str(tmp_path / "out"), "--executor", "ray",
+                 "--address", "127.0.0.1:1"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2 and "127.0.0.1:1" in err and time.monotonic() - t0 < 60, err

@@ -175,6 +175,7 @@ class RayExecutor:
             kwargs = dict(include_dashboard=False, logging_level="WARNING", log_to_driver=False,
                           configure_logging=True)
             if address:
+                _check_reachable(address)
                 try:
                     ray.init(address=address, **kwargs)
                 except (ConnectionError, RuntimeError) as exc:
@@ -219,6 +220,35 @@ class RayExecutor:
         if self._started:
             self.ray.shutdown()
             self._started = False
+
+
+CONNECT_SECONDS = 10.0   # an unreachable Ray address is refused within this time
+
+
+def _check_reachable(address: str, seconds: float = None) -> None:
+    """SweepError (exit 2) within ``CONNECT_SECONDS`` when nothing answers at host:port (Ray's
+    own connect retries for minutes); 'auto' and addresses without a port are left to Ray."""
+    import socket
+    from urllib.parse import urlsplit
+    seconds = CONNECT_SECONDS if seconds is None else seconds
+    if address in ("auto", "local"):
+        return
+    parts = urlsplit(address if "://" in address else f"ray://{address}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host, port = None, None
+    if not host or not port:
+        return
+    try:
+        with socket.create_connection((host, port), timeout=seconds):
+            return
+    except OSError as exc:
+        from particles.app.sweep.format import SweepError
+        raise SweepError("--address", [
+            f"nothing answers at the Ray address {address!r} within {seconds:g} s "
+            f"({exc.strerror or exc}). Check the address (ray status on the head node prints "
+            "it) and that the head node is up"], is_file=False, what="sweep option") from None
 
 
 def make_executor(kind: str, address: str | None = None, workers: int | None = None):
