@@ -65,8 +65,13 @@ def _check_layer_in_dtype(where: str, heads, attention, dtype: str) -> None:
     for i, head in enumerate(heads):
         for part, value in (("query", head.query), ("key", head.key),
                             ("value_out", head.value_out), ("value_in", head.value_in)):
-            validation.in_dtype(f"{where}heads[{i}].{part}", value, dtype,
-                                "use dtype 'float64' or smaller strengths")
+            # entries far below the head's scale may round to 0 (harmless); a factor that
+            # overflows, or vanishes whole, changes the head
+            problem = validation.dtype_problem(value, dtype)
+            vanished = np.any(value) and not np.any(np.asarray(value).astype(dtype))
+            if problem and ("not finite" in problem or vanished):
+                validation.in_dtype(f"{where}heads[{i}].{part}", value, dtype,
+                                    f"use dtype 'float64' or strengths within {dtype}'s range")
     for i, att in enumerate(attention):
         if att.beta is not None:
             validation.in_dtype(f"{where}attention[{i}].beta", att.beta, dtype)

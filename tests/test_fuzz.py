@@ -77,7 +77,7 @@ valid_scenes = st.fixed_dictionaries({
                                      "init": st.sampled_from(["random", "clusters"]), "seed": st.integers(0, 9),
                                      "replicas": st.integers(1, 2)}),
     "heads": st.fixed_dictionaries({"kind": st.sampled_from(["scalar", "random_symmetric", "random"]),
-                                    "count": st.integers(1, 3), "strength": st.floats(-3, 3),
+                                    "count": st.integers(1, 3), "strength": st.one_of(st.just(0.0), st.floats(1e-3, 3), st.floats(-3, -1e-3)),  # in float32's range
                                     "value": st.sampled_from(["aligned", "identity"])}),
     "dynamics": st.fixed_dictionaries({
         "rule": st.sampled_from(["exp", "softmax", "relu"]), "geometry": st.sampled_from(["sphere", "flat"]),

@@ -148,7 +148,9 @@ def test_user_rule_that_does_not_compile_on_gpu_names_the_rule_and_function(gpu_
     assert proc.returncode == 2, proc.stderr
     message = " ".join(proc.stderr.split())
     assert "rule 'numpy_sigmoid'" in message and "kernel function 'numpy_sigmoid'" in message
-    assert f"on arch '{gpu_arch}'" in message and "Traceback" not in proc.stderr
+    # the rule probe (a child process, before any kernel is built for the GPU) finds it: it
+    # fails on every arch, so the message names the rule's file rather than the arch
+    assert "numpy_rule.py" in message and "Traceback" not in proc.stderr
 
 
 @pytest.mark.slow

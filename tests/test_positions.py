@@ -229,7 +229,7 @@ def test_bad_attention_and_schedules_are_refused_clearly():
         Attention(mask="window")
     with pytest.raises(ValueError, match="window is given"):
         Attention(window=3)
-    with pytest.raises(ValueError, match="alibi slope"):
+    with pytest.raises(ValueError, match=r"alibi \(the ALiBi slope\)"):
         Attention(alibi=-1.0)
     with pytest.raises(ValueError, match="unknown rule"):
         Attention(rule="no_such_rule")
