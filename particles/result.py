@@ -10,6 +10,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import display
+from .drive import AT_END, Every, Writer
 
 _PER_HEAD = re.compile(r"^(.+)_h(\d+)$")
 
@@ -245,8 +246,6 @@ __all__ = ["Result", "Trajectory"]
 def token_keeper(every: int, ensemble: bool, meta: dict):
     """A drive writer that keeps the tokens every ``every`` steps and at the end, in memory
     (``sim.run(..., trajectory_every=k)``); ``.trajectory()`` gives them as a Trajectory."""
-    from .drive import AT_END, Every, Writer
-
     class _Keep(Writer):
         trigger = Every(every) | AT_END
         needs = frozenset({"tokens"})

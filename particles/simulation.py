@@ -11,10 +11,12 @@ from . import backend, kernels, kernels_fused, kernels_gpu, paths
 from . import display
 from .attention import Attention
 from .clock import step_time
+from .drive import AT_END, Every, Rows, drive
 from .heads import Head
 from .kernels_wide import WIDE_MIN_N, WideHeads
 from .integrators import ExplicitRK, get_integrator
 from .observables import assemble_rows
+from .result import Result, token_keeper
 from .rule_check import check_rule_compiles
 from .rules import Rule, get_rule
 from .schedule import Layer, Schedule
@@ -343,8 +345,6 @@ class Simulation:
         state (and replica, for an ensemble), and the final tokens. The same drive loop as
         ``particles run`` (``particles.drive``), so the numbers are the run's, bitwise.
         """
-        from .drive import AT_END, Every, Rows, drive
-        from .result import Result
         steps = validation.step_count("steps", steps)
         every = validation.step_count("every", every, 1)
         self._refuse_if_blown_up()
@@ -352,7 +352,6 @@ class Simulation:
         rows = Rows(Every(every) | AT_END)
         keep = None
         if trajectory_every:
-            from .result import token_keeper
             keep = token_keeper(validation.step_count("trajectory_every", trajectory_every, 1), self.ensemble,
                                 {"n": self.n, "d": self.d, "n_heads": self.n_heads, "rule": self.rule.name,
                                  "beta": self.betas.tolist(), "geometry": self.geometry, "dt": self.dt})
