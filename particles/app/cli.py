@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from particles.vocabulary import ARCHES, DTYPES  # imports nothing: safe before signals are deferred
+
 EXAMPLES = """\
 examples:
   particles run quickstart                    run a bundled scene (video, log, trajectory)
@@ -307,8 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("scene", help="path to a .toml scene file, or a bundled scene name (see `particles scenes`)")
     p.add_argument("--out", metavar="DIR", help="run directory (default: runs/<name>-<time>)")
     p.add_argument("--steps", type=_positive_int, metavar="N", help="number of steps (overrides the scene)")
-    p.add_argument("--arch", choices=("cpu", "gpu", "auto"), help="where the kernels run (default: the scene's, cpu)")
-    p.add_argument("--dtype", choices=("float32", "float64"), help="floating point precision")
+    p.add_argument("--arch", choices=ARCHES, help="where the kernels run (default: the scene's, cpu)")
+    p.add_argument("--dtype", choices=DTYPES, help="floating point precision")
     p.add_argument("--no-render", action="store_true", help="skip the video")
     p.add_argument("--checkpoint-every", type=_positive_int, metavar="N",
                    help="write a checkpoint every N steps (for `particles resume`)")
