@@ -134,7 +134,7 @@ def _fused_run(monkeypatch, workers, x, heads, **kw):
     return sim.native_tokens(), sim.take_rows()
 
 
-@pytest.mark.parametrize("n", [21, 50, 70])
+@pytest.mark.parametrize("n", [21, pytest.param(50, marks=pytest.mark.slow), pytest.param(70, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("rule,integrator,dtype", [("softmax", "rk4", "float32"),
                                                    ("softmax", "euler", "float64"),
                                                    ("relu", "rk4", "float32")])
