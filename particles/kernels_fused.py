@@ -125,7 +125,7 @@ class FusedSteps:
         stages = integrator.stages
         self.max_steps = None if workers == 1 else \
             max(4, min(MAX_SHARED_STEPS, int(SHARED_LAUNCH_WORK / (R * pair_work(n, H, r, rv) * stages))))
-        phases = 4 * (MAX_SHARED_STEPS * 4 + 1) + 1 if workers > 1 else 1
+        phases = 4 * (MAX_SHARED_STEPS * stages + 1) + 1 if workers > 1 else 1  # per evaluation
         # per phase: claimed and done on lines of their own (a thread spinning on "done" must
         # not take the line that the working thread claims from); then a spin slot per worker
         self.sync = ti.ndarray(ti.i64, shape=(16 * phases + 8 * (workers + 1),))

@@ -194,3 +194,21 @@ enabled = false
     assert result.status == "completed" and result.steps_done == 5
     log = particles.load_log(tmp_path / "run")
     assert len(log["kinetic"]) >= 2 and np.all(np.isfinite(log["kinetic"]))
+
+
+def test_a_user_tableau_in_a_launch_shared_by_threads(monkeypatch):
+    """Six stages (more than RK4's four, which once sized the phase counters) with two threads
+    sharing each fused launch: bitwise the numbers of one thread."""
+    from particles import kernels_fused
+    six = ExplicitRK("six", reach=(0.2, 0.4, 0.5, 0.8, 1.0), weights=(1, 1, 1, 1, 1, 1), denominator=6, order=1)
+    x = np.stack([random_tokens(40, 3, seed=s) for s in range(2)])
+    heads = general_heads(2, 3, seed=5)
+    out = []
+    for workers in (1, 2):
+        monkeypatch.setattr(kernels_fused, "PARALLEL_MIN_WORK", float("inf") if workers == 1 else 0.0)
+        monkeypatch.setattr(kernels_fused, "available_threads", lambda: workers)
+        sim = particles.Simulation(x, heads, rule="softmax", dt=0.02, integrator=six, path="fused")
+        assert sim._fused.workers == workers
+        sim.advance(300, observe_every=50)   # more than one launch's MAX_SHARED_STEPS
+        out.append(sim.native_tokens())
+    assert np.array_equal(out[0], out[1])
