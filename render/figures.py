@@ -16,7 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .colors import head_color
-from .panels import thin
+from .panels import COINCIDENT_DASH, coincident_with, thin
 
 HEAD_COLUMN = re.compile(r"^(?P<base>.+)_h(?P<h>\d+)$")
 AXIS_COLUMNS = ("step", "time")
@@ -85,18 +85,17 @@ def _time_axis(cols: dict[str, np.ndarray]):
 
 def _draw_group(ax, t, base: str, members, cols, legend_ok: bool = True) -> None:
     ys = []
-    drawn: list[tuple[int, np.ndarray]] = []
+    per_head = [(h, cols[col]) for h, col in members if h is not None]
+    # a head whose curve equals an earlier head's: dashed on top, and said
+    twin_of = dict(zip((h for h, _ in per_head), coincident_with([y for _, y in per_head])))
     for h, col in members:
         y = cols[col]
         ys.append(y)
         color = "black" if h is None else head_color(h)
         label = f"head {h}" if h is not None else ("total" if base == "energy" else col)
         style = "-"
-        if h is not None:   # a head whose curve equals an earlier head's: dashed on top, and said
-            same = next((g for g, other in drawn if np.allclose(y, other, rtol=1e-5, atol=0, equal_nan=True)), None)
-            if same is not None:
-                style, label = (0, (4, 3)), f"head {h} (= head {same})"
-            drawn.append((h, y))
+        if twin_of.get(h) is not None:
+            style, label = COINCIDENT_DASH, f"head {h} (= head {per_head[twin_of[h]][0]})"
         # columns logged every k rows (clusters, min_cosine) are nan in between: skip those
         # rows, or the line would have no two neighbouring points to join
         defined = ~np.isnan(y)

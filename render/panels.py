@@ -21,6 +21,21 @@ from .colors import head_color
 from .config import RunInfo
 
 MAX_POINTS = 4000          # longer series are thinned (every k-th point, the last kept)
+COINCIDENT_DASH = (0, (4, 3))   # a head's curve drawn over an equal earlier one: dashed, both show
+
+
+def coincident_with(curves) -> list[int | None]:
+    """For each curve, the position of the first earlier curve it equals (within 1e-5 relative,
+    NaN where the other is NaN), else None. A curve with no finite value equals none: nothing of
+    it is drawn, so there is nothing to hide."""
+    out: list[int | None] = []
+    for i, y in enumerate(curves):
+        same = None
+        if np.isfinite(y).any():
+            same = next((j for j in range(i) if out[j] is None and np.shape(curves[j]) == np.shape(y)
+                         and np.allclose(y, curves[j], rtol=1e-5, atol=0, equal_nan=True)), None)
+        out.append(same)
+    return out
 
 
 def panel_columns(name: str, keys, n_heads: int) -> list[tuple[str, str]]:
@@ -93,16 +108,18 @@ class Panel:
             (dot,) = ax.plot([], [], "o", color=color, ms=3.5, zorder=4)
             self.lines.append(line)
             self.heads.append(dot)
+        self.short = ["total" if c == "energy" else "h" + c.rsplit("_h", 1)[1] for c, _ in columns]
+        self.legend = None
         if legend and len(columns) > 1 and info.n_heads <= 10:
             # one row in the title band, right of the title: 'total  h0  h1 ...'
-            short = ["total" if c == "energy" else "h" + c.rsplit("_h", 1)[1] for c, _ in columns]
-            many = len(short) > 5
+            many = len(self.short) > 5
             if many:                                   # make room: short title, tighter legend
                 ax.set_title(self.TITLES[name].split("  ")[0], fontsize=10, loc="left", pad=3)
-            ax.legend(self.lines, short, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(short),
-                      frameon=False, fontsize=6.5 if many else 7, handlelength=0.9 if many else 1.0,
-                      handletextpad=0.3 if many else 0.4, columnspacing=0.6 if many else 0.8,
-                      borderaxespad=0.0, borderpad=0.1)
+            self.legend = ax.legend(self.lines, self.short, loc="lower right", bbox_to_anchor=(1.0, 1.0),
+                                    ncol=len(self.short), frameon=False, fontsize=6.5 if many else 7,
+                                    handlelength=0.9 if many else 1.0, handletextpad=0.3 if many else 0.4,
+                                    columnspacing=0.6 if many else 0.8, borderaxespad=0.0, borderpad=0.1)
+        self.twin_of = [None] * len(columns)   # per column: the earlier head column it coincides with
         for a in self.lines + self.heads:     # animated only now: legend handles copy the flag
             a.set_animated(True)
         if self.xlim is not None:
@@ -145,6 +162,27 @@ class Panel:
             self.ax.set_ylim(new_lo, new_hi)
         return True
 
+    def _mark_coincident(self, log: Mapping) -> bool:
+        """Dash a head's curve that equals an earlier head's so far (the one drawn under it
+        shows), and say so in the legend ('h1=h0'); True if the legend changed."""
+        heads = [i for i, (col, _) in enumerate(self.columns) if col != "energy"]
+        same = coincident_with([np.asarray(log[self.columns[i][0]], dtype=float).ravel() for i in heads])
+        twin_of = [None] * len(self.columns)
+        for i, j in zip(heads, same):
+            twin_of[i] = None if j is None else heads[j]
+        if twin_of == self.twin_of:
+            return False
+        self.twin_of = twin_of
+        for i, j in enumerate(twin_of):
+            self.lines[i].set_linestyle("-" if j is None else COINCIDENT_DASH)
+        if self.legend is None:
+            return False
+        for i, (handle, text) in enumerate(zip(self.legend.get_lines(), self.legend.get_texts())):
+            j = twin_of[i]
+            handle.set_linestyle("-" if j is None else COINCIDENT_DASH)
+            text.set_text(self.short[i] if j is None else f"{self.short[i]}={self.short[j]}")
+        return True
+
     def update(self, t: np.ndarray, log: Mapping) -> bool:
         lo, hi = math.inf, -math.inf
         tt = thin(t)
@@ -162,7 +200,7 @@ class Panel:
             line.set_data(tt, thin(y))
             if y.size:
                 dot.set_data([t[-1]], [y[-1]])
-        dirty = False
+        dirty = self._mark_coincident(log)
         if math.isfinite(lo):
             for r in self.refs:
                 lo, hi = min(lo, r), max(hi, r)

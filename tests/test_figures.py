@@ -165,3 +165,37 @@ def test_gif_default_size_is_smaller(tmp_path):
     assert Animation(tmp_path / "a.gif", RenderConfig(), info).frame_size == (800, 450)
     assert Animation(tmp_path / "a.mp4", RenderConfig(), info).frame_size == (1280, 720)
     assert Animation(tmp_path / "b.gif", RenderConfig(width=640, height=360), info).frame_size == (640, 360)
+
+
+def _panel_frames(tmp_path, head1):
+    """Two frames of a two-head run whose head 1 curves are ``head1(head 0 curve)``; the panels."""
+    info = _info(n=8, d=3)
+    t = np.array([0.0, 0.5, 1.0])
+    e0 = 1 + t
+    log = {"time": t, "energy": 2 * e0, "energy_h0": e0, "energy_h1": head1(e0),
+           "radial_dominance_h0": 0.1 + t, "radial_dominance_h1": 0.3 + t}
+    x = np.eye(3)[[0, 1, 2, 0, 1, 2, 0, 1]] + 0.01
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    anim = Animation(tmp_path / "v.mp4", RenderConfig(panels=("energy", "radial_dominance"), **SMALL), info,
+                     t_end=1.0)
+    for k in (2, 3):
+        anim.add_frame(x, t[k - 1], {c: v[:k] for c, v in log.items()})
+    panels = {p.name: p for p in anim._panels.panels}
+    anim.close()
+    return panels
+
+
+def test_video_panels_dash_a_head_that_coincides_with_an_earlier_one(tmp_path):
+    panels = _panel_frames(tmp_path, lambda e0: e0.copy())          # the quickstart's two equal heads
+    energy = panels["energy"]
+    styles = [line.get_linestyle() for line in energy.lines]        # total, head 0, head 1
+    assert styles == ["-", "-", "--"]
+    assert [t.get_text() for t in energy.legend.get_texts()] == ["total", "h0", "h1=h0"]
+    assert energy.legend.get_lines()[2].get_linestyle() == "--"
+    assert [line.get_linestyle() for line in panels["radial_dominance"].lines] == ["-", "-"]   # unequal
+
+
+def test_video_panels_keep_distinct_heads_solid(tmp_path):
+    panels = _panel_frames(tmp_path, lambda e0: 1.5 * e0)
+    assert [line.get_linestyle() for line in panels["energy"].lines] == ["-", "-", "-"]
+    assert [t.get_text() for t in panels["energy"].legend.get_texts()] == ["total", "h0", "h1"]
