@@ -145,12 +145,15 @@ class Animation:
         coords = tuple(project(x, spec) for spec in self._specs)
         self._history.append(coords)
         dirty = self._needs_redraw
+        layer = np.ravel(log.get("layer", []))
+        causal = self.info.mask_in_force(int(layer[-1]) if layer.size else None) == "causal"
         for k, view in enumerate(self._views):
             hist = [c[k] for c in self._history]
             dirty |= bool(view.update(hist, colors, self.frames_written))
+            if view.first_token is not None:
+                dirty |= view.first_token.show(causal)
         panels_dirty = self._panels.update(log) if self._panels is not None else []
         stamp = f"t = {time:.3f}" if abs(time) < 1e5 else f"t = {time:.4g}"
-        layer = np.ravel(log.get("layer", []))
         notes = []
         if layer.size:  # a layer schedule: which layer's heads (and rule, mask) drive this frame
             k = int(layer[-1])
@@ -187,9 +190,9 @@ class Animation:
                                 colorbar=self._colorizer.mappable is not None,
                                 view_titles=any(s.title for s in self._specs), view_ticks=has_ticks)
         self._views = []
-        for spec, rect in zip(self._specs, layout.views):
+        for k, (spec, rect) in enumerate(zip(self._specs, layout.views)):
             ax = fig.add_axes(rect)
-            self._views.append(make_view(ax, spec, cfg, info, layout.view_px))
+            self._views.append(make_view(ax, spec, cfg, info, layout.view_px, legend=k == 0))
         if layout.colorbar is not None:
             cax = fig.add_axes(layout.colorbar)
             index = self._colorizer.mode == "index"

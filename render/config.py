@@ -144,6 +144,7 @@ class RunInfo:
     head_bases: list | None = None
     t_end: float | None = None
     layer_labels: tuple | None = None   # a layer schedule: what each layer runs ("rule = relu, causal")
+    mask: str | tuple = "none"   # the heads' mask ("mixed" where they differ), or one per layer
     log_n: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -183,7 +184,25 @@ class RunInfo:
                                      f"(max |B^T B - I| = {np.abs(gram - np.eye(b.shape[1])).max():.2g})")
                 checked.append(b)
             self.head_bases = checked
+        masks = (self.mask,) if isinstance(self.mask, str) else tuple(self.mask)
+        if not masks or not all(isinstance(m, str) for m in masks):
+            raise ValueError(f"RunInfo.mask must be a mask name or one per layer, got {self.mask!r}")
+        if not isinstance(self.mask, str):
+            if self.layer_labels is not None and len(masks) != len(self.layer_labels):
+                raise ValueError(f"RunInfo.mask has {len(masks)} layers' masks, layer_labels {len(self.layer_labels)}")
+            self.mask = masks
         self.log_n = math.log(self.n)
+
+    def mask_in_force(self, layer: int | None = None) -> str:
+        """The mask of the heads driving a frame (``layer``: the log's layer column there)."""
+        if isinstance(self.mask, str):
+            return self.mask
+        return self.mask[layer] if layer is not None and 0 <= layer < len(self.mask) else self.mask[0]
+
+    @property
+    def ever_causal(self) -> bool:
+        """Is every head causal in some layer (so that token 0 is the one every token sees)?"""
+        return "causal" in ((self.mask,) if isinstance(self.mask, str) else self.mask)
 
     def title(self) -> str:
         """'name   beta=..., rule=..., H=..., n=..., d=...' (geometry named when flat)."""

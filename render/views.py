@@ -18,6 +18,7 @@ from .config import RenderConfig, RunInfo
 from .sphere import SPHERE_RGB, Camera, shaded_disk, wireframe
 
 EDGE_RGBA = (0.08, 0.08, 0.12, 0.55)
+FIRST_TOKEN_LABEL = "token 0, seen by every token (causal mask)"
 ROTATION_DEG_PER_S = 12.0         # camera turn rate with rotate=True (a turn in 30 s)
 
 
@@ -169,11 +170,36 @@ def trail_segments(history: Sequence[np.ndarray], colors: np.ndarray, max_alpha:
     return lines, np.concatenate(cols), (np.concatenate(depths) if D is not None else None)
 
 
+class FirstTokenMarker:
+    """A ring around token 0 with a legend entry, shown while the mask in force is causal (token 0
+    is then the one key every token sees, and it sees only itself)."""
+
+    def __init__(self, ax, point_size: float, legend: bool):
+        (self.ring,) = ax.plot([], [], ls="none", marker="o", ms=max(9.0, 2.2 * np.sqrt(point_size)),
+                               mfc="none", mec="black", mew=1.6, zorder=6, label=FIRST_TOKEN_LABEL)
+        self.legend = (ax.legend([self.ring], [FIRST_TOKEN_LABEL], loc="lower left", fontsize=8,
+                                 frameon=False, borderaxespad=0.2, markerscale=0.6, handletextpad=0.5) if legend else None)
+        self.ring.set_animated(True)     # animated only now: the legend's handle copies the flag
+
+    def place(self, xy, behind: bool = False) -> None:
+        self.ring.set_data([xy[0]], [xy[1]])
+        self.ring.set_alpha(0.45 if behind else 1.0)
+
+    def show(self, on: bool) -> bool:
+        """Show or hide it; True if that changed the static part (its legend)."""
+        changed = self.ring.get_visible() != on
+        self.ring.set_visible(on)
+        if self.legend is not None:
+            self.legend.set_visible(on)
+        return changed and self.legend is not None
+
+
 # --------------------------------------------------------------------------- 2-D
 class Disk2DView:
     """2-D scatter. Sphere geometry: fixed limits with the unit circle; flat: auto limits."""
 
-    def __init__(self, ax, spec: SubviewSpec, n: int, axes_px: float, trails: int):
+    def __init__(self, ax, spec: SubviewSpec, n: int, axes_px: float, trails: int,
+                 first_token: FirstTokenMarker | None = None):
         self.ax = ax
         self.spec = spec
         self.size = base_point_size(n, axes_px)
@@ -211,9 +237,11 @@ class Disk2DView:
             ax.add_collection(self.trails)
         self.scatter = ax.scatter(np.zeros(n), np.zeros(n), s=self.size, edgecolors=[EDGE_RGBA],
                                   linewidths=0.4, animated=True, zorder=4)
+        self.first_token = first_token
 
     def dynamic_artists(self):
-        return [a for a in (self.trails, self.scatter) if a is not None]
+        ring = self.first_token.ring if self.first_token is not None else None
+        return [a for a in (self.trails, self.scatter, ring) if a is not None]
 
     def _auto_limits(self, pts: np.ndarray) -> bool:
         fin = pts[np.all(np.isfinite(pts), axis=1)]
@@ -242,6 +270,8 @@ class Disk2DView:
             self.trails.set_color(cols)
         self.scatter.set_offsets(pts)
         self.scatter.set_facecolors(colors)
+        if self.first_token is not None:
+            self.first_token.place(pts[0])
         return dirty
 
 
@@ -251,7 +281,8 @@ class Ball3DView:
     back and front, depth-sorted scatter with back points smaller and faded toward the sphere."""
 
     def __init__(self, ax, spec: SubviewSpec, n: int, axes_px: float, trails: int,
-                 rotate: bool, fps: float, elev: float = 20.0, azim: float = -60.0):
+                 rotate: bool, fps: float, elev: float = 20.0, azim: float = -60.0,
+                 first_token: FirstTokenMarker | None = None):
         self.ax = ax
         self.spec = spec
         self.size = base_point_size(n, axes_px)
@@ -300,9 +331,11 @@ class Ball3DView:
             ax.add_collection(self.trails)
         self.front = ax.scatter(np.zeros(n), np.zeros(n), s=self.size, edgecolors=[EDGE_RGBA],
                                 linewidths=0.4, animated=True, zorder=4)
+        self.first_token = first_token
 
     def dynamic_artists(self):
-        arts = [self.wire_back, self.back, self.trails, self.wire_front, self.front]
+        arts = [self.wire_back, self.back, self.trails, self.wire_front, self.front,
+                self.first_token.ring if self.first_token is not None else None]
         if self.flat:
             arts += [self.tripod, *self.tripod_labels]
         return [a for a in arts if a is not None]
@@ -371,6 +404,8 @@ class Ball3DView:
         self.front.set_offsets(proj[fi, :2])
         self.front.set_facecolors(colors[fi])
         self.front.set_sizes(self.size * (0.85 + 0.25 * dnorm[fi]))
+        if self.first_token is not None:
+            self.first_token.place(proj[0, :2], behind=bool(depth[0] < 0))
         if self.trails is not None and len(hist) > 1:
             P = [self.camera.project(h) for h in hist]
             seg, cols, seg_depth = trail_segments([p[:, :2] for p in P], colors,
@@ -383,7 +418,13 @@ class Ball3DView:
         return dirty
 
 
-def make_view(ax, spec: SubviewSpec, config: RenderConfig, info: RunInfo, axes_px: float):
+def make_view(ax, spec: SubviewSpec, config: RenderConfig, info: RunInfo, axes_px: float,
+              legend: bool = True):
+    """The view of one particle panel; where a layer's mask is causal, token 0 is ringed (the
+    legend entry in the panel with ``legend``)."""
+    first = (FirstTokenMarker(ax, base_point_size(info.n, axes_px), legend) if info.ever_causal
+             else None)
     if spec.dim == 3:
-        return Ball3DView(ax, spec, info.n, axes_px, config.trails, config.rotate, config.fps)
-    return Disk2DView(ax, spec, info.n, axes_px, config.trails)
+        return Ball3DView(ax, spec, info.n, axes_px, config.trails, config.rotate, config.fps,
+                          first_token=first)
+    return Disk2DView(ax, spec, info.n, axes_px, config.trails, first_token=first)

@@ -199,3 +199,54 @@ def test_video_panels_keep_distinct_heads_solid(tmp_path):
     panels = _panel_frames(tmp_path, lambda e0: 1.5 * e0)
     assert [line.get_linestyle() for line in panels["energy"].lines] == ["-", "-", "-"]
     assert [t.get_text() for t in panels["energy"].legend.get_texts()] == ["total", "h0", "h1"]
+
+
+def _first_frame_view(tmp_path, info, layer=None, d=2):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((info.n, d))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    log = {"time": np.array([0.0])} if layer is None else {"time": np.array([0.0]), "layer": np.array([layer])}
+    anim = Animation(tmp_path / "v.mp4", RenderConfig(**SMALL), info, t_end=1.0)
+    anim.add_frame(x, 0.0, log)
+    view = anim._views[0]
+    anim.close()
+    return view, x
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_causal_frames_ring_token_0_with_a_legend_entry(tmp_path, d):
+    from render.views import FIRST_TOKEN_LABEL
+    view, x = _first_frame_view(tmp_path, RunInfo("causal_kpr", 64.0, "softmax", 1, 8, d, mask="causal"), d=d)
+    ring = view.first_token.ring
+    assert ring.get_visible() and ring.get_label() == FIRST_TOKEN_LABEL
+    assert [t.get_text() for t in view.ax.get_legend().get_texts()] == [FIRST_TOKEN_LABEL]
+    if d == 2:
+        np.testing.assert_allclose(np.ravel(ring.get_xydata()), x[0])
+    assert ring in view.dynamic_artists()
+
+
+def test_frames_without_a_causal_mask_have_no_token_0_marker(tmp_path):
+    for mask in ("none", "window", "mixed"):
+        view, _ = _first_frame_view(tmp_path, RunInfo("s", 1.0, "softmax", 1, 8, 2, mask=mask))
+        assert view.first_token is None and view.ax.get_legend() is None
+
+
+def test_token_0_is_ringed_only_while_a_causal_layer_is_in_force(tmp_path):
+    labels = ("rule = softmax", "rule = softmax, causal")
+    info = RunInfo("layers", 4.0, "softmax", 1, 8, 2, layer_labels=labels, mask=("none", "causal"))
+    view, _ = _first_frame_view(tmp_path, info, layer=0)
+    assert not view.first_token.ring.get_visible() and not view.ax.get_legend().get_visible()
+    view, _ = _first_frame_view(tmp_path, info, layer=1)
+    assert view.first_token.ring.get_visible() and view.ax.get_legend().get_visible()
+
+
+def test_the_app_passes_each_layers_mask_to_the_video():
+    from scenes import load_scene
+    from particles.app.rerender import run_info
+    masks = {}
+    for name in ("quickstart", "causal_kpr", "three_layers"):
+        scene = load_scene(name)
+        masks[name] = run_info(scene, scene.heads(), 1.0).mask
+    assert masks == {"quickstart": "none", "causal_kpr": "causal", "three_layers": ("none", "none", "causal")}
+    two = load_scene("quickstart", overrides=['heads.mask="causal"'])   # heads' own masks count too
+    assert run_info(two, two.heads(), 1.0).mask == "causal"

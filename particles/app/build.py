@@ -147,12 +147,19 @@ def build_simulation(scene, *, tokens=None, heads=None, beta=None, entropy_rate=
                       entropy_rate=entropy_rate, attention=attention)
 
 
+def head_masks(entries, layer: dict, dyn: dict) -> list[str]:
+    """Each head's mask name: its own, else its layer's, else [dynamics]' ("none")."""
+    entries = entries if isinstance(entries, (list, tuple)) else [entries]
+    mask = layer.get("mask", dyn.get("mask", "none"))
+    return [entry.get("mask", mask) for entry in entries for _ in range(entry.get("count", 1))]
+
+
 def head_attention(entries, layer: dict, dyn: dict, n_heads: int) -> list[Attention]:
     """Each head's Attention: its own keys, else its layer's, else [dynamics]' (mask, window,
     rule; ALiBi slopes 2^(-8h/H) when alibi = true, unless the head gives alibi_slope)."""
     entries = entries if isinstance(entries, (list, tuple)) else [entries]
     rule = layer.get("rule", dyn["rule"])
-    mask = layer.get("mask", dyn.get("mask", "none"))
+    masks = head_masks(entries, layer, dyn)
     window = layer.get("window", dyn.get("window")) if "mask" in layer else dyn.get("window")
     alibi = layer.get("alibi", dyn.get("alibi", False))
     slopes = alibi_slopes(n_heads) if alibi else [0.0] * n_heads
@@ -160,8 +167,7 @@ def head_attention(entries, layer: dict, dyn: dict, n_heads: int) -> list[Attent
     for entry in entries:
         for _ in range(entry.get("count", 1)):
             h = len(out)
-            head_mask = entry.get("mask", mask)
-            out.append(Attention(mask=head_mask,
+            out.append(Attention(mask=masks[h],
                                  window=entry.get("window") if "mask" in entry else window,
                                  alibi=float(entry.get("alibi_slope", slopes[h])),
                                  beta=entry.get("beta"), rule=entry.get("rule", rule)))
@@ -182,4 +188,4 @@ def _schedule(data, heads0, attention0) -> Schedule:
     return Schedule(tuple(layers), tuple(starts))
 
 
-__all__ = ["build_simulation", "load_scene_rule", "estimate_bytes", "check_size"]
+__all__ = ["build_simulation", "load_scene_rule", "estimate_bytes", "check_size", "head_masks"]

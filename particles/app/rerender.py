@@ -13,7 +13,7 @@ from render.config import RenderConfig, RunInfo
 
 from particles.clusters import cluster_labels
 
-from .build import build_simulation
+from .build import build_simulation, head_masks
 
 
 def render_config(render_section, **overrides) -> RenderConfig:
@@ -37,9 +37,22 @@ def head_bases(heads) -> list[np.ndarray]:
 
 
 def run_info(scene, heads, beta: float) -> RunInfo:
+    labels = layer_labels(scene)
+    masks = layer_masks(scene)
     return RunInfo(name=scene.name, beta=float(beta), rule=scene.dynamics.rule, n_heads=len(heads),
                    n=scene.tokens.n, d=scene.tokens.d, geometry=scene.dynamics.geometry,
-                   head_bases=head_bases(heads), layer_labels=layer_labels(scene))
+                   head_bases=head_bases(heads), layer_labels=labels,
+                   mask=masks if labels else masks[0])
+
+
+def layer_masks(scene) -> tuple:
+    """Per layer (one without a schedule), the mask all its heads share, or "mixed"."""
+    data = scene.data
+    out = []
+    for layer in [{}] + list(data.get("layers") or ()):
+        masks = set(head_masks(layer.get("heads", data["heads"]), layer, data["dynamics"]))
+        out.append(masks.pop() if len(masks) == 1 else "mixed")
+    return tuple(out)
 
 
 def layer_labels(scene) -> tuple | None:
