@@ -1,8 +1,8 @@
 """Typed, frozen views of a resolved scene: one model per section.
 
     scene.dynamics.dt        scene.log.cluster_threshold        scene.render.view
-    scene.tokens.n           scene.tokens()   (the initial tokens, a NumPy array)
-    scene.heads[0].kind      scene.heads()    (the Head objects)
+    scene.tokens.n           scene.build_tokens()   (the initial tokens, a NumPy array)
+    scene.heads[0].kind      scene.build_heads()    (the Head objects)
 
 Every field is the resolved value (defaults filled by ``scenes.schema``, which validates and
 words every error); a key that does not apply (e.g. ``gamma`` for random tokens) is None.
@@ -13,6 +13,7 @@ change a scene after validation.
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass, fields, make_dataclass
 
 from . import schema
@@ -87,19 +88,25 @@ HeadEntry = _model("HeadEntry", schema.HEAD_KEYS, "One [[heads]] table (or the [
 _TokensFields = _model("_TokensFields", schema.TOKEN_KEYS, "")
 
 
+def _renamed(old: str, new: str) -> None:
+    warnings.warn(f"{old} is deprecated: call {new} ({old.rstrip('()')} is the section itself)",
+                  DeprecationWarning, stacklevel=3)
+
+
 @dataclass(frozen=True)
 class Tokens(_TokensFields):
-    """[tokens]: n, d, init and its keys. Call it for the initial tokens (float64 unit vectors,
-    (n, d), or (R, n, d) when replicas = R > 1)."""
+    """[tokens]: n, d, init and its keys (the initial tokens: ``scene.build_tokens()``)."""
 
     def __call__(self):
+        """Deprecated: ``scene.build_tokens()``."""
         from .scene import build_tokens
+        _renamed("scene.tokens()", "scene.build_tokens()")
         return build_tokens(_section_dict(self))
 
 
 class Heads(tuple):
-    """The [[heads]] entries (a one-entry tuple for a [heads] table). Call it for the heads
-    (``particles.heads.Head`` objects, in file order)."""
+    """The [[heads]] entries (a one-entry tuple for a [heads] table); the heads themselves:
+    ``scene.build_heads()``."""
 
     def __new__(cls, entries, raw, d: int):
         self = super().__new__(cls, entries)
@@ -107,7 +114,9 @@ class Heads(tuple):
         return self
 
     def __call__(self):
+        """Deprecated: ``scene.build_heads()``."""
         from .scene import build_heads
+        _renamed("scene.heads()", "scene.build_heads()")
         return build_heads(thaw(self._raw), self._d)
 
 

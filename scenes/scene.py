@@ -2,8 +2,8 @@
 render, output), and what it builds (the initial tokens, the heads).
 
     scene = load_scene("quickstart", overrides=["dynamics.beta=3.0"])
-    scene.tokens()      # (n, d), or (R, n, d) for an ensemble of R replicas
-    scene.heads()       # list[particles.heads.Head]
+    scene.build_tokens()    # (n, d), or (R, n, d) for an ensemble of R replicas
+    scene.build_heads()     # list[particles.heads.Head]
     scene.to_toml()     # the resolved scene, every default filled
 
 Sections are typed, frozen models (``scene.dynamics.dt``); ``scene.data`` is the resolved
@@ -115,9 +115,9 @@ class Scene:
     """A validated, frozen scene. Build one with ``load_scene`` or ``Scene.from_dict``.
 
     Sections are typed models (``scenes.models``): ``scene.dynamics.dt``, ``scene.log.every``,
-    ``scene.tokens.n``, ``scene.heads[0].kind``; ``scene.tokens()`` and ``scene.heads()`` build
-    the initial tokens and the heads. ``scene.data`` is the resolved dict, deep-frozen. A changed
-    scene comes from ``scene.replace(...)``, validated again.
+    ``scene.tokens.n``, ``scene.heads[0].kind``; ``scene.build_tokens()`` and
+    ``scene.build_heads()`` build the initial tokens and the heads. ``scene.data`` is the resolved
+    dict, deep-frozen. A changed scene comes from ``scene.replace(...)``, validated again.
     """
 
     __slots__ = ("_data", "_models", "source", "path")
@@ -138,13 +138,21 @@ class Scene:
 
     @property
     def tokens(self) -> models.Tokens:
-        """[tokens] (``scene.tokens.n``); call it for the initial tokens."""
+        """[tokens] (``scene.tokens.n``); the initial tokens are ``build_tokens()``."""
         return self._models["tokens"]
 
     @property
     def heads(self) -> models.Heads:
-        """The heads entries (``scene.heads[0].kind``); call it for the Head objects."""
+        """The heads entries (``scene.heads[0].kind``); the Head objects are ``build_heads()``."""
         return self._models["heads"]
+
+    def build_tokens(self) -> np.ndarray:
+        """The initial tokens: float64 unit vectors, (n, d), or (R, n, d) when replicas = R > 1."""
+        return build_tokens(models.thaw(self.data["tokens"]))
+
+    def build_heads(self) -> list[Head]:
+        """The heads (``particles.heads.Head``), in file order."""
+        return build_heads(models.thaw(self.data["heads"]), self.data["tokens"]["d"])
 
     @property
     def dynamics(self) -> models.Dynamics:
@@ -237,7 +245,7 @@ class Scene:
         heads = self.data["heads"]
         entries = heads if isinstance(heads, list) else [heads]
         out: list = []
-        for entry, built in zip(entries, _split(self.heads(), entries)):
+        for entry, built in zip(entries, _split(self.build_heads(), entries)):
             if entry["kind"] in ("subspace", "near_orthogonal"):
                 out += [np.ascontiguousarray(h.query.T) for h in built]
             else:

@@ -246,7 +246,7 @@ def test_the_app_passes_each_layers_mask_to_the_video():
     masks = {}
     for name in ("quickstart", "causal_kpr", "three_layers"):
         scene = load_scene(name)
-        masks[name] = run_info(scene, scene.heads(), 1.0).mask
+        masks[name] = run_info(scene, scene.build_heads(), 1.0).mask
     assert masks == {"quickstart": "none", "causal_kpr": "causal", "three_layers": ("none", "none", "causal")}
     two = load_scene("quickstart", overrides=['heads.mask="causal"'])   # heads' own masks count too
-    assert run_info(two, two.heads(), 1.0).mask == "causal"
+    assert run_info(two, two.build_heads(), 1.0).mask == "causal"

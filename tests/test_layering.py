@@ -102,7 +102,7 @@ def test_the_checker_sees_module_level_and_function_local_imports(tmp_path, monk
 
 
 @pytest.mark.parametrize("statement", [
-    "import scenes; s = scenes.load_scene('quickstart'); s.tokens(); s.heads()",
+    "import scenes; s = scenes.load_scene('quickstart'); s.build_tokens(); s.build_heads()",
     "import render",
     "import particles, particles.heads, particles.output",
 ])

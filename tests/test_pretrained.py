@@ -349,11 +349,11 @@ def test_scene_text_tokens_and_pretrained_heads(tmp_path):
     assert t["strings"] == ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "[SEP]"]
     assert scene.n_heads == 2 and "mask" not in scene.data["heads"]
     want = P.load_heads(tmp_path / "m", 1, heads=[3, 1])
-    for a, b in zip(scene.heads(), want.heads):
+    for a, b in zip(scene.build_heads(), want.heads):
         assert np.array_equal(a.score, b.score) and np.array_equal(a.value, b.value)
-    assert np.allclose(scene.tokens(), P.text_tokens(tmp_path / "m", "the cat sat on the mat").x)
+    assert np.allclose(scene.build_tokens(), P.text_tokens(tmp_path / "m", "the cat sat on the mat").x)
     aligned = _scene(tmp_path / "v", heads={"value_from": "score"})
-    assert all(np.allclose(h.value, h.score) for h in aligned.heads())
+    assert all(np.allclose(h.value, h.score) for h in aligned.build_heads())
 
 
 def test_scene_of_a_causal_model_gets_the_causal_mask(tmp_path):

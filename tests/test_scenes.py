@@ -103,7 +103,7 @@ def test_defaults_are_filled():
     assert d["render"]["panels"] == ["energy", "radial_dominance", "entropy"]
     assert d["output"] == {"dir": "runs"}
     assert scene.n_heads == 1 and scene.rule_file is None
-    heads = scene.heads()
+    heads = scene.build_heads()
     assert len(heads) == 1 and isinstance(heads[0], Head)
     np.testing.assert_allclose(heads[0].score, np.eye(4))
 
@@ -141,7 +141,7 @@ def test_tokens_for_each_init(tmp_path):
         p = write(tmp_path, "")
         scene = Scene.from_dict({"tokens": {"n": 3, "d": 3, **extra}}, base_dir=tmp_path,
                                 source=str(p))
-        x = scene.tokens()
+        x = scene.build_tokens()
         assert x.shape == (3, 3) and x.dtype == np.float64
         np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, atol=1e-12)
         if check:
@@ -155,13 +155,13 @@ def test_tokens_for_each_init(tmp_path):
 def test_replicas_and_noise():
     scene = Scene.from_dict({"tokens": {"n": 5, "d": 3, "replicas": 3, "noise": 0.01},
                              "dynamics": {"betas": [1.0, 2.0, 3.0]}})
-    x = scene.tokens()
+    x = scene.build_tokens()
     assert x.shape == (3, 5, 3)
     np.testing.assert_allclose(np.linalg.norm(x, axis=-1), 1.0, atol=1e-12)
     assert not np.allclose(x[0], x[1])
-    np.testing.assert_array_equal(x, scene.tokens())
+    np.testing.assert_array_equal(x, scene.build_tokens())
     orth = Scene.from_dict({"tokens": {"n": 3, "d": 3, "init": "orthogonal", "replicas": 2}})
-    y = orth.tokens()
+    y = orth.build_tokens()
     for r in range(2):
         np.testing.assert_allclose(y[r] @ y[r].T, np.eye(3), atol=1e-12)
 
@@ -170,11 +170,11 @@ def test_heads_table_forms():
     base = {"tokens": {"n": 8, "d": 6}}
     s = Scene.from_dict({**base, "heads": {"kind": "scalar", "strengths": [1.0, 2.0, 3.0]}})
     assert s.n_heads == 3 and s.data["heads"]["count"] == 3
-    assert [h.score[0, 0] for h in s.heads()] == [1.0, 2.0, 3.0]
+    assert [h.score[0, 0] for h in s.build_heads()] == [1.0, 2.0, 3.0]
 
     s = Scene.from_dict({**base, "heads": {"kind": "subspace", "count": 3}})
     assert s.data["heads"]["rank"] == 2
-    heads = s.heads()
+    heads = s.build_heads()
     for a in heads:
         for b in heads:
             if a is not b:
@@ -183,7 +183,7 @@ def test_heads_table_forms():
     assert [b.shape for b in bases] == [(6, 2)] * 3
 
     s = Scene.from_dict({**base, "heads": {"kind": "subspace", "count": 2, "block": [1, 3]}})
-    np.testing.assert_array_equal(np.diag(s.heads()[1].score), [0, 0, 0, 1, 1, 0])
+    np.testing.assert_array_equal(np.diag(s.build_heads()[1].score), [0, 0, 0, 1, 1, 0])
 
     s = Scene.from_dict({**base, "heads": {"kind": "near_orthogonal", "count": 3, "rank": 2,
                                            "angle": 60.0, "seed": 3}})
@@ -192,13 +192,13 @@ def test_heads_table_forms():
     np.testing.assert_allclose(sv, 0.5, atol=1e-12)
 
     s = Scene.from_dict({**base, "heads": {"kind": "random", "count": 2, "rank": 2, "seed": 5}})
-    h0, h1 = s.heads()
+    h0, h1 = s.build_heads()
     assert h0.score_rank == 2 and not np.allclose(h0.score, h1.score)
     assert s.head_bases() == [None, None]
 
     s = Scene.from_dict({**base, "heads": {"kind": "random_symmetric", "count": 2,
                                            "value": "identity", "value_noise": 0.1}})
-    for h in s.heads():
+    for h in s.build_heads():
         np.testing.assert_allclose(h.score, h.score.T, atol=1e-15)
         assert 0 < np.max(np.abs(h.value - np.eye(6))) < 1
 
@@ -214,7 +214,7 @@ def test_heads_array_form(tmp_path):
     ]}
     s = Scene.from_dict(raw, base_dir=tmp_path)
     assert s.n_heads == 4
-    m, sub, sub2, sc = s.heads()
+    m, sub, sub2, sc = s.build_heads()
     np.testing.assert_allclose(m.score, np.diag([1.0, 2.0, 3.0]))
     np.testing.assert_allclose(m.value, [[0, 1, 0], [1, 0, 0], [0, 0, 1]])
     np.testing.assert_allclose(sub.score, [[1, 1, 0], [1, 1, 0], [0, 0, 0]], atol=1e-14)
@@ -276,7 +276,7 @@ view = "heads"
     scene.save(saved)
     loaded = load_scene(saved)
     assert loaded.data == scene.data
-    np.testing.assert_array_equal(loaded.tokens(), scene.tokens())
+    np.testing.assert_array_equal(loaded.build_tokens(), scene.build_tokens())
     assert tomllib.loads(scene.to_toml()) == scene.data
 
 
@@ -292,8 +292,8 @@ def test_modify_save_load(tmp_path):
     loaded = load_scene(p)
     assert loaded.data == scene.data
     assert loaded.data["dynamics"]["beta"] == 2.5 and loaded.dynamics.beta == 2.5
-    assert loaded.tokens().shape == (20, 3) and loaded.tokens.n == 20
-    assert [h.kind for h in loaded.heads] == ["scalar"] and len(loaded.heads()) == 2
+    assert loaded.build_tokens().shape == (20, 3) and loaded.tokens.n == 20
+    assert [h.kind for h in loaded.heads] == ["scalar"] and len(loaded.build_heads()) == 2
 
 
 def test_replace_validates_again_and_names_the_key():
@@ -313,7 +313,7 @@ def test_overrides():
                                             "heads.strengths=[2.0, 0.5]", "name=other",
                                             "output.run_dir=runs/x"])
     assert s.data["dynamics"]["beta"] == 3.0
-    assert s.data["tokens"]["n"] == 10 and s.tokens().shape == (10, 3)
+    assert s.data["tokens"]["n"] == 10 and s.build_tokens().shape == (10, 3)
     assert s.data["dynamics"]["rule"] == "relu"
     assert s.data["render"]["enabled"] is False
     assert s.data["heads"]["strengths"] == [2.0, 0.5]
@@ -376,8 +376,8 @@ def test_bundled_scene_loads_and_builds(name):
     assert path.read_text().startswith("# "), "each bundled scene starts with a comment block"
     scene = load_scene(name)
     assert scene.name == name and scene.path == path
-    t, heads = scene.data["tokens"], scene.heads()
-    x = scene.tokens()
+    t, heads = scene.data["tokens"], scene.build_heads()
+    x = scene.build_tokens()
     shape = (t["n"], t["d"]) if t["replicas"] == 1 else (t["replicas"], t["n"], t["d"])
     assert x.shape == shape and x.dtype == np.float64
     np.testing.assert_allclose(np.linalg.norm(x, axis=-1), 1.0, atol=1e-12)
@@ -420,7 +420,7 @@ def test_readme_example_is_a_valid_scene(tmp_path):
     blocks = re.findall(r"```toml\n(.*?)```", text, flags=re.S)
     full = next(b for b in blocks if "[output]" in b)
     scene = Scene.from_dict(tomllib.loads(full), base_dir=tmp_path)
-    assert scene.tokens().shape == (2, 48, 6)
+    assert scene.build_tokens().shape == (2, 48, 6)
     assert scene.n_heads == 2 and scene.data["dynamics"]["steps"] == 500
     table = next(b for b in blocks if "near_orthogonal" in b)
     scene = Scene.from_dict({"tokens": {"n": 4, "d": 6}, **tomllib.loads(table)})
@@ -461,3 +461,17 @@ def test_render_defaults_of_a_scene_equal_renders_own():
             theirs = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             assert (list(mine) if isinstance(mine, (list, tuple)) else mine) == \
                 (list(theirs) if isinstance(theirs, tuple) else theirs), f.name
+
+
+def test_builders_have_their_own_names_and_the_old_calls_warn():
+    scene = load_scene("heterogeneous_heads", overrides=["tokens.replicas=2"])
+    x = scene.build_tokens()
+    heads = scene.build_heads()
+    assert x.shape == (2, scene.tokens.n, scene.tokens.d) and scene.heads[0].kind == "scalar"
+    assert len(heads) == scene.n_heads and all(isinstance(h, Head) for h in heads)
+    with pytest.warns(DeprecationWarning, match=r"scene\.tokens\(\) is deprecated: call scene\.build_tokens\(\)"):
+        old_x = scene.tokens()
+    with pytest.warns(DeprecationWarning, match=r"scene\.heads\(\) is deprecated: call scene\.build_heads\(\)"):
+        old_heads = scene.heads()
+    np.testing.assert_array_equal(old_x, x)
+    assert [h.score.tolist() for h in old_heads] == [h.score.tolist() for h in heads]

@@ -44,7 +44,7 @@ def test_layers_build_a_schedule_with_shared_and_own_heads():
     assert sim.scheduled and sim.schedule.starts == (0, 4, 8)
     assert [a.rule.name for a in sim.layer_attention[1]] == ["relu", "relu"]
     assert [a.mask for a in sim.layer_attention[2]] == ["causal", "causal"]
-    layer0 = [h.score for h in scene.heads()]
+    layer0 = [h.score for h in scene.build_heads()]
     assert all(np.array_equal(a.score, b) for a, b in zip(sim.schedule.layers[2].heads, layer0))
     assert not np.array_equal(sim.schedule.layers[1].heads[0].score, layer0[0])
 

@@ -123,13 +123,13 @@ def build_simulation(scene, *, tokens=None, heads=None, beta=None, entropy_rate=
     dyn = data["dynamics"]
     rule = load_scene_rule(scene, echo)
     if heads is None:
-        heads = scene.heads()
+        heads = scene.build_heads()
     if beta is None:
         beta = dyn.get("betas") or dyn["beta"]
     # every path in (run, sweep unit, re-render) passes the same size check before allocating
     check_size(data, len(heads), echo, shape=None if tokens is None else np.shape(tokens))
     if tokens is None:
-        tokens = scene.tokens()
+        tokens = scene.build_tokens()
     _check_finite_in_dtype(data, heads, beta)
     if entropy_rate is None:
         entropy_rate = data.get("log", {}).get("entropy_rate", False)

@@ -91,7 +91,7 @@ def rerender(run_dir, out=None, trust_rule_file: bool = False, **overrides) -> P
     if "replica" in log:
         keep = log["replica"] == 0
         log = {k: v[keep] for k, v in log.items()}
-    heads = scene.heads()
+    heads = scene.build_heads()
     cfg = render_config(scene.render, **overrides)
     path = Path(out) if out else run_dir / ("rerender" + Path(scene.render.file).suffix)
     if path.suffix.lower() not in (".mp4", ".gif"):

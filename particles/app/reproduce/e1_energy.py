@@ -68,8 +68,8 @@ def run_experiment(quick: bool, fig_dir) -> Result:
     R = 3 if quick else 12
     n, d = scene.data["tokens"]["n"], scene.data["tokens"]["d"]
     base = load_scene("energy_monotone", overrides=[f"tokens.replicas={R}"])
-    x0 = base.tokens()
-    heads = base.heads()
+    x0 = base.build_tokens()
+    heads = base.build_heads()
     H = len(heads)
     beta, dt = float(dyn["beta"]), float(dyn["dt"])
     t_sphere = 2.0 if quick else 10.0

@@ -48,7 +48,7 @@ def condition8_implication(rho, rate, kinetic, tol: float = RATE_TOL) -> dict:
 def run_experiment(quick: bool, fig_dir) -> Result:
     t_start = time.perf_counter()
     sph = load_scene("radial_shadow_sphere")
-    heads = sph.heads()
+    heads = sph.build_heads()
     H = len(heads)
     d = sph.data["tokens"]["d"]
     n = 16 if quick else sph.data["tokens"]["n"]
@@ -160,7 +160,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
     ax.legend(fontsize=7)
     panel_label(ax, "(a) some head's energy decreases")
     # the bundled scene's own run (n = 32, seed 0, beta = 1) for the time series
-    one = run(sph.tokens(), heads, float(sph.data["dynamics"]["beta"]), rule="exp", geometry="sphere",
+    one = run(sph.build_tokens(), heads, float(sph.data["dynamics"]["beta"]), rule="exp", geometry="sphere",
               dt=dt, steps=int(sph.data["dynamics"].get("steps", 800)), observe_every=2)
     t = one.time
     axE, axR = axes[1], axes[2]

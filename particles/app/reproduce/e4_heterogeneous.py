@@ -71,7 +71,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
     scene = load_scene("heterogeneous_heads")
     tok = scene.data["tokens"]
     n, d = tok["n"], tok["d"]
-    x0 = scene.tokens()
+    x0 = scene.build_tokens()
     beta = float(scene.data["dynamics"]["beta"])
     rule = scene.data["dynamics"]["rule"]
     strengths_scene = list(scene.data["heads"]["strengths"])

@@ -31,7 +31,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
     scene = load_scene("entropy_rise")
     tok, dyn = scene.data["tokens"], scene.data["dynamics"]
     n, d = tok["n"], tok["d"]
-    heads = scene.heads()
+    heads = scene.build_heads()
     H = len(heads)
     beta, dt, rule = float(dyn["beta"]), float(dyn["dt"]), dyn["rule"]
     t_end = dt * int(dyn["steps"])
@@ -45,8 +45,8 @@ def run_experiment(quick: bool, fig_dir) -> Result:
                   identity="max_t |central difference of entropy_mean_h - entropy_rate_h| / max_t |entropy_rate_h|")
 
     # --- equiangular scalar heads: the identity (two step sizes), monotonicity, the limit log n
-    tr = run(scene.tokens(), heads, beta, rule=rule, dt=dt, steps=int(round(t_end / dt)), entropy_rate=True)
-    tr2 = run(scene.tokens(), heads, beta, rule=rule, dt=dt / 2, steps=int(round(t_end / (dt / 2))),
+    tr = run(scene.build_tokens(), heads, beta, rule=rule, dt=dt, steps=int(round(t_end / dt)), entropy_rate=True)
+    tr2 = run(scene.build_tokens(), heads, beta, rule=rule, dt=dt / 2, steps=int(round(t_end / (dt / 2))),
               entropy_rate=True)
     ident, _, _ = _identity(tr, H)
     ident2, _, _ = _identity(tr2, H)
