@@ -5,8 +5,9 @@ first request fixes the arch and later requests must agree with it. A GPU that
 was asked for and is not there is an error, never a silent fallback to CPU.
 
 ``gpu`` probes CUDA, then Vulkan, then Metal (macOS only) and takes the first whose
-device initialises and runs a test kernel; ``auto`` does the same but passes over a
-software Vulkan device (Mesa's llvmpipe, SwiftShader: slower than the CPU path), and
+device initialises and runs a test kernel (a software Vulkan device too, saying once on
+stderr that it is one); ``auto`` does the same but passes over a software Vulkan device
+(Mesa's llvmpipe, SwiftShader: slower than the CPU path; ``is_software_device``), and
 takes the CPU when no GPU works. Vulkan and Metal compile through SPIR-V, whose code generator in
 Taichi has no 64-bit exp/log (and Metal no float64 at all): there, float literals
 default to float32, device reductions accumulate in float32, and dtype float64 is
@@ -15,6 +16,7 @@ refused (``check_dtype``).
 
 import contextlib
 import io
+import json
 import os
 import re
 import sys
@@ -26,6 +28,9 @@ import taichi as ti
 from .vocabulary import ARCHES as ARCH_CHOICES
 SPIRV_ARCHES = ("vulkan", "metal", "opengl")
 SOFTWARE_DEVICES = ("llvmpipe", "lavapipe", "SwiftShader")  # Vulkan on the CPU
+SOFTWARE_ICDS = ("libvulkan_lvp", "libvk_swiftshader")       # their drivers' libraries
+# where the Vulkan loader looks for driver manifests (after VK_DRIVER_FILES / VK_ICD_FILENAMES)
+ICD_DIRS = ("/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d", "/usr/share/vulkan/icd.d")
 
 _active: dict[str, str] = {}
 
@@ -100,6 +105,37 @@ def _init_quietly(gpu, name: str) -> str:
     return found.group(1) if found else ""
 
 
+def icd_libraries(dirs=ICD_DIRS) -> list[str]:
+    """The driver libraries of the Vulkan manifests the loader would read (the files named by
+    VK_DRIVER_FILES or VK_ICD_FILENAMES where set, else every *.json in ``dirs``)."""
+    named = os.environ.get("VK_DRIVER_FILES") or os.environ.get("VK_ICD_FILENAMES")
+    files = (named.split(os.pathsep) if named else
+             sorted(os.path.join(d, f) for d in dirs if os.path.isdir(d) for f in os.listdir(d)
+                    if f.endswith(".json")))
+    libraries = []
+    for path in files:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                libraries.append(str(json.load(fh)["ICD"]["library_path"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue   # an unreadable manifest: the loader skips it too
+    return libraries
+
+
+def is_software_device(arch: str, device: str, dirs=ICD_DIRS) -> bool:
+    """Is this a software Vulkan device (Mesa's lavapipe/llvmpipe, SwiftShader), slower than the
+    CPU path? By the device's name, which Taichi reports in its trace log; where it reports none,
+    by the drivers: software if every Vulkan driver installed is a software one. CUDA and Metal
+    devices are hardware."""
+    if arch != "vulkan":
+        return False
+    if device:
+        return any(soft.lower() in device.lower() for soft in SOFTWARE_DEVICES)
+    libraries = icd_libraries(dirs)
+    return bool(libraries) and all(any(soft in os.path.basename(lib) for soft in SOFTWARE_ICDS)
+                                   for lib in libraries)
+
+
 def _probe_gpu(skip_software: bool) -> tuple[str | None, str, list[str]]:
     """Initialise the first GPU that runs a kernel: (its arch or None, its device name, why
     the others were not taken)."""
@@ -111,8 +147,8 @@ def _probe_gpu(skip_software: bool) -> tuple[str | None, str, list[str]]:
         running = _arch_name(ti.lang.impl.current_cfg().arch)
         if running == "cpu":
             tried.append(f"{name}: no usable device or driver")
-        elif skip_software and any(soft.lower() in device.lower() for soft in SOFTWARE_DEVICES):
-            tried.append(f"{name}: only the software device {device!r}")
+        elif skip_software and is_software_device(running, device):
+            tried.append(f"{name}: only the software device {device or '(a software driver)'!r}")
         elif _device_runs():
             return running, device, tried
         else:
@@ -147,8 +183,16 @@ def init(arch: str = "cpu") -> str:
                         "when one works)")
                 ti.init(arch=ti.cpu, **_options("cpu"))
                 running = "cpu"
+            elif arch == "gpu" and is_software_device(running, device):
+                print(software_device_note(device), file=sys.stderr)   # once: init runs once
     _active.update(arch=running, requested=arch, device=device)
     return running
+
+
+def software_device_note(device: str) -> str:
+    what = f"the software Vulkan device {device!r}" if device else "a software Vulkan driver"
+    return (f"note: arch 'gpu' runs on {what}, which emulates a GPU on the CPU and is slower than "
+            "arch 'cpu' (--arch cpu); arch 'auto' passes over it")
 
 
 def active_arch() -> str | None:

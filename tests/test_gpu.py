@@ -101,6 +101,17 @@ def test_auto_takes_a_hardware_gpu_and_passes_over_a_software_one(gpu_arch, tmp_
     assert meta["arch"] == want and meta["arch_requested"] == "auto"
 
 
+def test_gpu_says_once_on_stderr_when_it_takes_a_software_device(gpu_arch, tmp_path):
+    from particles.backend import is_software_device
+    device = _probe()[1]
+    proc = _run("-m", "particles", "run", "quickstart", "--arch", "gpu", "--steps", 2, "--no-render",
+                "--out", tmp_path / "gpu")
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stderr.count("note: arch 'gpu' runs on the software Vulkan device")
+    assert notes == (1 if is_software_device(gpu_arch, device) else 0), proc.stderr
+    assert "note: arch 'gpu'" not in proc.stdout
+
+
 @pytest.mark.slow
 def test_200_steps_on_gpu_agree_with_cpu(gpu_arch, tmp_path):
     for arch in ("cpu", "gpu"):
