@@ -44,7 +44,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypat
 
 
 def test_the_command_line_refuses_a_planted_symlink_as_a_user_error(tmp_path):
-    from test_cli import particles_cli
+    from cli_runner import particles_cli
     outside = tmp_path / "outside.txt"
     outside.write_text("precious")
     run_dir = tmp_path / "r"

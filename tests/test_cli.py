@@ -1,20 +1,13 @@
-"""The command line end to end, in subprocesses as a user runs it."""
+"""The command line end to end: through `main(argv)` in this process, and in a child process
+where the process is the point (the installed entry point, a process without a GPU, a rule file
+that registers rules)."""
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
-import numpy as np
 import pytest
 
+from cli_runner import particles_cli, particles_process
 from particles.output import load_log, load_trajectory
-
-
-def particles_cli(*args, cwd=None, timeout=300):
-    env = dict(os.environ, MPLBACKEND="Agg")
-    return subprocess.run([sys.executable, "-m", "particles", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, timeout=timeout, env=env)
 
 
 def test_run_bundled_scene_end_to_end(tmp_path):
@@ -73,7 +66,7 @@ def test_new_quotes_the_name_and_refuses_an_empty_one(tmp_path):
 
 
 def test_help_lists_commands():
-    proc = particles_cli("--help")
+    proc = particles_process("--help")
     assert proc.returncode == 0
     for command in ("run", "resume", "scenes", "show", "new", "render", "plot"):
         assert command in proc.stdout
@@ -95,14 +88,14 @@ NO_GPU_ENV = {"TI_ENABLE_CUDA": "0", "CUDA_VISIBLE_DEVICES": "", "VK_ICD_FILENAM
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="Metal cannot be hidden from a process")
-def test_gpu_request_without_gpu_is_an_error_not_a_fallback(tmp_path, monkeypatch):
-    for key, value in NO_GPU_ENV.items():
-        monkeypatch.setenv(key, value)
-    proc = particles_cli("run", "quickstart", "--arch", "gpu", "--steps", 2, "--no-render", "--out", tmp_path / "g")
+def test_gpu_request_without_gpu_is_an_error_not_a_fallback(tmp_path):
+    proc = particles_process("run", "quickstart", "--arch", "gpu", "--steps", 2, "--no-render", "--out", tmp_path / "g",
+                             env=NO_GPU_ENV)
     assert proc.returncode == 2, proc.stderr
     assert "no CUDA/Vulkan device is usable" in " ".join(proc.stderr.split()) and "Traceback" not in proc.stderr
     assert not (tmp_path / "g" / "run.json").exists()
-    proc = particles_cli("run", "quickstart", "--arch", "auto", "--steps", 2, "--no-render", "--out", tmp_path / "a")
+    proc = particles_process("run", "quickstart", "--arch", "auto", "--steps", 2, "--no-render", "--out",
+                             tmp_path / "a", env=NO_GPU_ENV)
     assert proc.returncode == 0, proc.stderr
     assert "on arch cpu" in proc.stdout
 
@@ -112,8 +105,8 @@ def test_user_rule_that_does_not_compile_names_the_rule_and_function(tmp_path):
     rule_file.write_text("import numpy as np\nimport particles\n\n\ndef numpy_sigmoid(z):\n"
                          "    return 1 / (1 + np.exp(-z))\n\n\n"
                          "particles.register_rule('numpy_sigmoid', kernel=numpy_sigmoid)\n")
-    proc = particles_cli("run", "quickstart", "--set", f"dynamics.rule_file={rule_file}", "--set",
-                         "dynamics.rule=numpy_sigmoid", "--steps", 2, "--no-render", "--out", tmp_path / "r")
+    proc = particles_process("run", "quickstart", "--set", f"dynamics.rule_file={rule_file}", "--set",
+                             "dynamics.rule=numpy_sigmoid", "--steps", 2, "--no-render", "--out", tmp_path / "r")
     assert proc.returncode == 2, proc.stderr
     message = " ".join(proc.stderr.split())
     assert "rule 'numpy_sigmoid'" in message and "kernel function 'numpy_sigmoid'" in message

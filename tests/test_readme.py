@@ -34,7 +34,7 @@ def test_readme_python_api_example_runs(capsys):
 
 
 def test_sigmoid_example_scene_runs_from_the_command_line(tmp_path):
-    from test_cli import particles_cli
+    from cli_runner import particles_cli
     proc = particles_cli("run", ROOT / "examples" / "sigmoid.toml", "--steps", 8, "--no-render",
                          "--out", tmp_path / "s")
     assert proc.returncode == 0, proc.stderr

@@ -81,7 +81,7 @@ def test_two_processes_on_one_folder(tmp_path):
     _, err2 = second.communicate(timeout=120)
     first.send_signal(2)
     _, err1 = first.communicate(timeout=120)
-    assert second.returncode == 2 and "in use by another run" in err2 and "Traceback" not in err2
+    assert second.returncode == 2 and "in use by another run" in " ".join(err2.split()) and "Traceback" not in err2
     assert first.returncode == 130, err1
     widths = {len(line.split(",")) for line in (out / "log.csv").read_text().splitlines()}
     assert len(widths) == 1
@@ -163,7 +163,7 @@ def test_atomic_writes_refuse_a_link_instead_of_following_it(tmp_path, victim):
 
 
 def test_plot_and_render_refuse_a_planted_link(tmp_path, victim):
-    from test_cli import particles_cli
+    from cli_runner import particles_cli
     out = tmp_path / "R"
     run_scene(tiny(20), out, **QUIET)
     (out / "summary.png").symlink_to(victim / "precious.txt")
@@ -229,7 +229,7 @@ def test_a_full_disk_fails_the_run_clearly_and_keeps_what_was_written(small_disk
 
 
 def test_out_that_cannot_be_a_run_directory_exits_2(tmp_path):
-    from test_cli import particles_cli
+    from cli_runner import particles_cli
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")
     long_name = tmp_path / ("n" * 300)
@@ -242,7 +242,52 @@ def test_out_that_cannot_be_a_run_directory_exits_2(tmp_path):
     try:
         for out, says in cases:
             proc = particles_cli("run", "quickstart", "--out", out, "--steps", 5, "--no-render")
-            assert proc.returncode == 2 and says in proc.stderr, (out, proc.stderr)
+            assert proc.returncode == 2 and says in " ".join(proc.stderr.split()), (out, proc.stderr)
             assert "Traceback" not in proc.stderr
     finally:
         subprocess.run(["umount", "-l", str(ro)], capture_output=True)
+
+
+# ----------------------------------------------------------------------------- --out and [output] dir
+
+def _a_run_in(folder):
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text("{}")
+    return folder
+
+
+def test_out_is_the_run_folder_and_output_dir_its_parent(tmp_path):
+    from particles.app.run_dir import new_run_dir
+    assert new_run_dir(tiny(), tmp_path / "R") == tmp_path / "R"
+    made = new_run_dir(tiny(**{"output.dir": str(tmp_path / "all")}), None)
+    assert made.parent == tmp_path / "all" and made.name.startswith("quickstart-") and made.is_dir()
+    assert new_run_dir(tiny(**{"output.run_dir": str(tmp_path / "exact")}), None) == tmp_path / "exact"
+
+
+def test_out_given_a_folder_of_runs_says_it_is_the_run_folder_itself(tmp_path):
+    from cli_runner import particles_cli
+    _a_run_in(tmp_path / "runs" / "quickstart-20260101-000000")
+    proc = particles_cli("run", "quickstart", "--out", tmp_path / "runs", "--steps", 5, "--no-render")
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "holds other runs' folders (quickstart-20260101-000000, ...), but --out is the run folder itself" in said
+    assert f"--set output.dir='{tmp_path / 'runs'}'" in said and not (tmp_path / "runs" / "log.csv").exists()
+
+
+def test_output_dir_that_holds_a_run_says_it_is_the_parent(tmp_path):
+    from cli_runner import particles_cli
+    run = _a_run_in(tmp_path / "my_run")
+    proc = particles_cli("run", "quickstart", "--set", f"output.dir={run}", "--steps", 5, "--no-render")
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"[output] dir = '{run}' holds a run itself, but dir is the folder that receives run folders" in said
+    assert "use [output] run_dir, or --out" in said and list(run.iterdir()) == [run / "run.json"]
+
+
+def test_run_help_says_what_out_is(capsys):
+    from particles.app.cli import main
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert "--out DIR the run folder itself, as the scene's [output] run_dir" in said
+    assert "inside the scene's [output] dir" in said
