@@ -307,7 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run a scene: writes log.csv, trajectory/, the video, scene.toml "
                                    "(resolved) and run.json into a new run directory.")
     p.add_argument("scene", help="path to a .toml scene file, or a bundled scene name (see `particles scenes`)")
-    p.add_argument("--out", metavar="DIR", help="run directory (default: runs/<name>-<time>)")
+    p.add_argument("--out", metavar="DIR",
+                   help="the run folder itself, as the scene's [output] run_dir (default: a new "
+                        "<name>-<time> folder inside the scene's [output] dir, 'runs' unless the scene "
+                        "says otherwise; --set output.dir=D puts it inside D)")
     p.add_argument("--steps", type=_positive_int, metavar="N", help="number of steps (overrides the scene)")
     p.add_argument("--arch", choices=ARCHES, help="where the kernels run (default: the scene's, cpu)")
     p.add_argument("--dtype", choices=DTYPES, help="floating point precision")

@@ -34,13 +34,23 @@ def holds_run(folder: Path) -> bool:
 
 
 def new_run_dir(scene, out: str | Path | None) -> Path:
-    """``out``, else the scene's output.run_dir, else <output.dir>/<name>-<time>; created."""
+    """``out``, else the scene's output.run_dir, else <output.dir>/<name>-<time>; created.
+
+    ``out`` and ``run_dir`` are the run folder itself; ``dir`` is the folder that receives run
+    folders. Each is refused where it was evidently meant as the other: an ``out`` that holds
+    other runs' folders, a ``dir`` that holds a run."""
     output = scene.output
     if out is not None:
         run_dir = Path(out)
+        _refuse_folder_of_runs(run_dir, scene.name)
     elif output.run_dir:
         run_dir = Path(output.run_dir)
     else:
+        if holds_run(Path(output.dir)):
+            raise RunDirError(
+                f"[output] dir = {output.dir!r} holds a run itself, but dir is the folder that "
+                f"receives run folders (a run goes to dir/<name>-<time>); for the run folder itself "
+                f"use [output] run_dir, or --out")
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = Path(output.dir) / f"{scene.name}-{stamp}"
     if run_dir.exists() and not run_dir.is_dir():
@@ -48,6 +58,24 @@ def new_run_dir(scene, out: str | Path | None) -> Path:
                           "folder (new or empty)")
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
+
+
+def _refuse_folder_of_runs(folder: Path, name: str) -> None:
+    """--out is the run folder itself: a folder of other runs' folders is the scene's
+    [output] dir's meaning, said and refused rather than filled with this run's files."""
+    if not folder.is_dir() or holds_run(folder):
+        return
+    try:
+        inner = next((p for p in sorted(folder.iterdir()) if p.is_dir() and not p.is_symlink()
+                      and holds_run(p)), None)
+    except OSError:
+        return   # an unreadable folder is reported when the run claims it
+    if inner is not None:
+        raise RunDirError(
+            f"--out {str(folder)!r} holds other runs' folders ({inner.name}, ...), but --out is the "
+            f"run folder itself: this run's files would lie among them. Give a new folder (--out "
+            f"{str(folder / name)!r}), or, for a new <name>-<time> folder inside it, --set "
+            f"output.dir={str(folder)!r}")
 
 
 # What a sweep writes at the top of its folder (particles.app.sweep.format's names).
