@@ -123,8 +123,8 @@ class Result(Mapping):
     def plot(self, *columns: str, ax=None):
         """Columns against time, one panel each (per-head quantities by base name, e.g. "energy_rate"
         draws energy_rate_h0, energy_rate_h1, ...); default eps, energy and clusters where logged.
-        Returns the matplotlib figure."""
-        import matplotlib.pyplot as plt
+        Returns the matplotlib figure (or that of ``ax``): a notebook shows it once, as the cell's
+        value; it is not left open in pyplot (a script saves it with ``fig.savefig``)."""
         columns = columns or tuple(c for c in ("eps", "energy", "clusters") if c in self.data
                                    and np.isfinite(self.data[c]).any())
         if not columns:
@@ -138,8 +138,12 @@ class Result(Mapping):
                 raise ValueError(f"Result.plot: no column {c!r}; columns: {', '.join(self.data)}")
             panels.append((c, names))
         if ax is None:
-            fig, axes = plt.subplots(len(panels), 1, figsize=(6, 2.2 * len(panels)), sharex=True, squeeze=False)
-            axes = axes[:, 0]
+            import matplotlib.pyplot as plt
+            # made by pyplot, which loads the backend (in Jupyter the inline one, which displays a
+            # figure that is a cell's value), then let go of, so it is not displayed a second time
+            fig = plt.figure(figsize=(6, 2.2 * len(panels)))
+            plt.close(fig)
+            axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
         else:
             axes = np.atleast_1d(ax)
             fig = axes[0].figure

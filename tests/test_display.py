@@ -102,6 +102,17 @@ def test_result_plot_draws_default_and_per_head_panels():
         res.plot("nope")
 
 
+def test_result_plot_is_not_left_open_in_pyplot_so_a_notebook_shows_it_once():
+    import io
+    import matplotlib.pyplot as plt
+    before = plt.get_fignums()
+    fig = _result().plot("energy")
+    assert plt.get_fignums() == before            # the inline backend has nothing of it to show again
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    assert png.getvalue().startswith(b"\x89PNG") and fig.axes[0].get_ylabel() == "energy"
+
+
 def test_progress_uses_the_notebook_bar_in_jupyter(monkeypatch):
     from particles.app import progress
     made = {}
