@@ -8,6 +8,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import reference`
 os.environ.setdefault("MPLBACKEND", "Agg")
+# error paragraphs wrap at the terminal's width: unwrapped, a message's words can be matched
+# whatever the length of the temporary paths inside it
+os.environ["COLUMNS"] = "100000"
 
 # Relative tolerances by dtype for one evaluation (velocity, observables, one step).
 RTOL = {"float64": 1e-10, "float32": 1e-5}
@@ -66,8 +69,18 @@ def tmp_run_dir(tmp_path):
     return tmp_path / "run"
 
 
+_GOLDEN_MODES: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    """Collect which comparison each golden run made (reports reach the controlling process
+    from xdist workers, module globals do not)."""
+    for key, line in report.user_properties:
+        if key == "golden_mode" and line not in _GOLDEN_MODES:
+            _GOLDEN_MODES.append(line)
+
+
 def pytest_terminal_summary(terminalreporter):
     """Say which comparison the golden runs made (bitwise on the recording machine)."""
-    module = sys.modules.get("test_golden")
-    for line in getattr(module, "GOLDEN_MODES", []):
+    for line in _GOLDEN_MODES:
         terminalreporter.write_line(line)

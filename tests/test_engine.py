@@ -212,7 +212,7 @@ def test_blow_up_names_a_heads_own_beta():
     assert "beta = 1e+30 (head 1's own)" in msg and "float64" in msg, msg
 
 
-@pytest.mark.parametrize("rule", ["softmax", "exp"])
+@pytest.mark.parametrize("rule", [pytest.param("softmax", marks=pytest.mark.slow), "exp"])
 def test_large_tile_path_at_n_above_256_matches_reference(rule):
     """n >= 256 takes the engine's large register tiles; hold them against the reference too."""
     n, d, H, beta = 300, 8, 2, 1.7
@@ -230,7 +230,7 @@ def test_large_tile_path_at_n_above_256_matches_reference(rule):
             assert abs(row[key] - want[key]) <= tol * max(abs(want[key]), 1e-3), (dtype, key)
 
 
-@pytest.mark.parametrize("rule", ["softmax", "exp"])
+@pytest.mark.parametrize("rule", [pytest.param("softmax", marks=pytest.mark.slow), "exp"])
 def test_wide_pass_at_large_n_matches_reference(rule):
     """From kernels_wide.WIDE_MIN_N tokens the full-width pass runs (rows in 512-bit lanes,
     flash blocks of columns): n not a multiple of any tile, ranks not multiples of AC."""

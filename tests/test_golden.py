@@ -13,9 +13,6 @@ import pytest
 import golden_runs
 from particles import machine
 
-GOLDEN_MODES = []   # read by conftest's terminal summary
-
-
 def _bitwise_here() -> bool:
     return golden_runs.same_machine(golden_runs.recorded_machine(), machine.fingerprint())
 
@@ -31,11 +28,10 @@ def _mode_line(bitwise: bool) -> str:
 
 
 @pytest.mark.parametrize("name", golden_runs.NAMES)
-def test_golden_run_is_unchanged(name, tmp_path):
+def test_golden_run_is_unchanged(name, tmp_path, record_property):
     bitwise = _bitwise_here()
     line = _mode_line(bitwise)
-    if line not in GOLDEN_MODES:
-        GOLDEN_MODES.append(line)
+    record_property("golden_mode", line)   # conftest's terminal summary prints it (xdist workers too)
     print(line)
     folder = golden_runs.produce(name, tmp_path / name)
     golden_runs.compare(name, golden_runs.outputs(folder), golden_runs.GOLDEN / name, bitwise)

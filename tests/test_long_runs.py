@@ -42,28 +42,28 @@ def test_same_scene_and_seed_give_the_same_log(tmp_path):
     assert a.log.read_text() == b.log.read_text()
 
 
-def test_sigint_and_sigterm_end_the_run_cleanly(tmp_path):
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        out = tmp_path / sig.name
-        proc = subprocess.Popen([sys.executable, "-m", "particles", "run", "quickstart", "--out", str(out),
-                                 "--steps", "1000000", "--no-render", "--set", "log.every=1"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        log = out / "log.csv"
-        deadline = time.time() + 120
-        while time.time() < deadline and (not log.exists() or log.read_text().count("\n") < 20):
-            time.sleep(0.2)
-        proc.send_signal(sig)
-        stdout, stderr = proc.communicate(timeout=120)
-        assert proc.returncode == 130, stderr
-        assert "interrupted at step" in stdout and "particles resume" in stdout
-        assert "Traceback" not in stderr
-        rows = load_log(out)
-        assert len(rows["step"]) >= 20 and np.all(np.diff(rows["step"]) == 1)
-        assert (out / "checkpoint.npz").is_file()
-        steps, _, _, _ = load_trajectory(out)
-        assert steps[-1] <= rows["step"][-1]
-        import json
-        assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
+def test_sigint_and_sigterm_end_the_run_cleanly(tmp_path, sig):
+    out = tmp_path / sig.name
+    proc = subprocess.Popen([sys.executable, "-m", "particles", "run", "quickstart", "--out", str(out),
+                             "--steps", "1000000", "--no-render", "--set", "log.every=1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = out / "log.csv"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not log.exists() or log.read_text().count("\n") < 20):
+        time.sleep(0.2)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "interrupted at step" in stdout and "particles resume" in stdout
+    assert "Traceback" not in stderr
+    rows = load_log(out)
+    assert len(rows["step"]) >= 20 and np.all(np.diff(rows["step"]) == 1)
+    assert (out / "checkpoint.npz").is_file()
+    steps, _, _, _ = load_trajectory(out)
+    assert steps[-1] <= rows["step"][-1]
+    import json
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
 
 
 def test_blow_up_stops_with_a_clear_error_and_keeps_outputs(tmp_path):

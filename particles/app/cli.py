@@ -83,8 +83,11 @@ def _positive_int(text: str) -> int:
 
 
 def _paragraph(text: str) -> str:
-    """One paragraph of 100 columns that never splits a path or a file name."""
-    return textwrap.fill(text, width=100, break_on_hyphens=False, break_long_words=False)
+    """One paragraph as wide as the terminal (COLUMNS, else 100) that never splits a path or a
+    file name."""
+    import shutil
+    width = max(40, shutil.get_terminal_size((100, 24)).columns)
+    return textwrap.fill(text, width=width, break_on_hyphens=False, break_long_words=False)
 
 
 def _exit_code(result) -> int:
