@@ -2,7 +2,8 @@
 
 Taichi 1.7's LLVM loop vectoriser costs with a 128-bit target, so the scalarised tiles of
 ``kernels.FastHeads`` run 4 float32 lanes; this pass is written with explicit L-lane vectors
-(16 float32 / 8 float64 = 512 bits) compiled unscalarised, rows in lanes:
+(16 float32 / 8 float64 = 512 bits by default; the lanes and tiles are picked per machine by
+``particles.tuning``) compiled unscalarised, rows in lanes:
 
     project   beta Q_h x over rows, as vectors qv (R, r, nbl); K_h x and W_h x per token,
               as scalars ks (R, npad, r), us (R, npad, rv), broadcast in the pair pass
@@ -20,18 +21,18 @@ and the value accumulators (NSLOT x TR x (JBK + rv) vectors): no n x n matrix.
 """
 import functools
 import os
+import time
 
 import numpy as np
 import taichi as ti
 
-from . import kernels
+from . import kernels, tuning
 from .kernels_fused import CLAMP, lane_columns, vector_helpers
 
 WIDE_MIN_N = 512   # from this many tokens the wide pass replaces FastHeads (benchmarks/step.py)
-TR = 3             # row vectors per register tile (tuned at (2048, 64, 8): 3 x 6 > 2 x 4)
-JB = 6             # columns per score tile
 AC = 8             # value components per accumulator tile
 JBK = 256          # about this many columns per flash block (their scores stay in L1/L2)
+MEASURE_MAX_N = 1024   # tiles are timed on at most this many tokens (a pass of a few ms to ~20 ms)
 
 
 def _block(JB: int) -> int:
@@ -40,12 +41,56 @@ def _block(JB: int) -> int:
     return max(1, JBK // JB) * JB
 
 
+def tuned(spec, n: int) -> tuning.Choice:
+    """The tiles for this pass on this machine (``particles.tuning``: measured once per shape
+    class, then cached)."""
+    real, d, H, r, rv, softmax_norm = spec
+    dtype = "float32" if real == ti.f32 else "float64"
+    key = tuning.shape_class(dtype, d, r, rv, softmax_norm, n)
+    return tuning.wide_tiles(dtype, key, lambda tiles: seconds_per_pass(spec, n, tiles))
+
+
+def seconds_per_pass(spec, n: int, tiles: tuning.WideTiles) -> float:
+    """One evaluation's head passes with these tiles, compiled and warm, on random unit tokens
+    (at most MEASURE_MAX_N of them): the best of three."""
+    real, d, H, r, rv, _ = spec
+    np_real = np.float32 if real == ti.f32 else np.float64
+    n = min(n, MEASURE_MAX_N)
+    rng = np.random.default_rng(0)
+
+    def device(*shape, scale=1.0):
+        a = ti.ndarray(real, shape=shape)
+        a.from_numpy((scale * rng.standard_normal(shape)).astype(np_real))
+        return a
+
+    x = rng.standard_normal((1, n, d))
+    xs = ti.ndarray(real, shape=(1, n, d))
+    xs.from_numpy((x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np_real))
+    Q, K, W, O = (device(H, r, d, scale=d ** -0.5), device(H, r, d, scale=d ** -0.5),
+                  device(H, rv, d, scale=d ** -0.5), device(H, d, rv, scale=rv ** -0.5))
+    beta, f, row = device(1), ti.ndarray(real, shape=(1, H, n, d)), ti.ndarray(real, shape=(1, H, n, 4))
+    heads = WideHeads(spec, 1, n, tuning.Choice(tiles, "being measured"))
+
+    def one_pass():
+        heads(xs, Q, K, W, O, None, None, None, beta, None, None, None, f, row, False)
+        ti.sync()
+
+    one_pass()   # compiles
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        one_pass()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
 class WideHeads:
     """project + pair (+ f = O g) for R replicas of n tokens; writes f and row."""
 
-    def __init__(self, spec, n_replicas: int, n: int):
+    def __init__(self, spec, n_replicas: int, n: int, choice: tuning.Choice):
         real, d, H, r, rv, softmax_norm = spec
-        L = 16 if real == ti.f32 else 8
+        self.choice = choice
+        L, TR, JB = choice.tiles.lanes, choice.tiles.rows, choice.tiles.cols
         self.kernels = _wide_kernels(real, d, H, r, rv, softmax_norm, L, TR, JB, AC)
         R = n_replicas
         rows = TR * L

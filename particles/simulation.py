@@ -13,6 +13,7 @@ from .attention import Attention
 from .clock import step_time
 from .drive import AT_END, Every, Rows, drive
 from .heads import Head
+from . import kernels_wide
 from .kernels_wide import WIDE_MIN_N, WideHeads
 from .integrators import ExplicitRK, get_integrator
 from .observables import assemble_rows
@@ -297,6 +298,14 @@ class Simulation:
         return step_time(self.step_count, self.dt)
 
     @property
+    def tuning(self) -> str:
+        """The speed choices measured for this machine that this simulation uses (see
+        ``particles.tuning``), e.g. "wide 16x3x6 (cached)"; "-" where none applies."""
+        choices = dict.fromkeys(hp.choice.describe() for st in self._layers for _, hp, _ in st.passes
+                                if isinstance(hp, WideHeads))
+        return ", ".join(choices) or "-"
+
+    @property
     def tokens(self) -> np.ndarray:
         """Current tokens as float64 NumPy, (n, d) or (R, n, d) for an ensemble."""
         x = self._x.to_numpy().astype(np.float64)
@@ -536,7 +545,7 @@ def _head_pass(kern, n_replicas: int, n: int, keep_qk: bool, plain: bool):
     cpu = not backend.is_gpu()
     if kern.exponential and cpu and not kern.features.any:
         if n >= WIDE_MIN_N and not keep_qk:
-            return WideHeads(kern.spec, n_replicas, n)
+            return WideHeads(kern.spec, n_replicas, n, kernels_wide.tuned(kern.spec, n))
         return kernels.FastHeads(kern.spec, n_replicas, n, keep_qk)
     if kern.exponential and cpu and not kern.features.filtered:
         # masks, ALiBi and per-head betas: the tiled pass walks only the key blocks a row

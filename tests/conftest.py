@@ -8,9 +8,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import reference`
 os.environ.setdefault("MPLBACKEND", "Agg")
-# error paragraphs wrap at the terminal's width: unwrapped, a message's words can be matched
-# whatever the length of the temporary paths inside it
-os.environ["COLUMNS"] = "100000"
+# the built-in tiles unless a test asks for others (particles.tuning): nothing measured or cached
+os.environ["PARTICLES_TUNING"] = "off"
 
 # Relative tolerances by dtype for one evaluation (velocity, observables, one step).
 RTOL = {"float64": 1e-10, "float32": 1e-5}
@@ -62,6 +61,14 @@ def engine_matrix(paths=("fused", "tiled"), rules=("exp", "softmax", "relu")):
 def rel_err(a, b):
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
+
+
+@pytest.fixture(autouse=True)
+def unwrapped_messages(monkeypatch):
+    """Error paragraphs wrap at the terminal's width (COLUMNS): unwrapped, a message's words
+    can be matched whatever the length of the temporary paths inside it. Set per test, so
+    pytest's own output keeps the real width."""
+    monkeypatch.setenv("COLUMNS", "100000")
 
 
 @pytest.fixture

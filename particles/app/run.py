@@ -216,6 +216,7 @@ class Runner:
                 "steps_done": sim.step_count, "arch_requested": self.scene.dynamics.arch, "arch": sim.arch,
                 "dtype": sim.dtype, "seed": self.scene.tokens.seed,
                 "versions": _versions(), "machine": machine.fingerprint(),
+                "path": sim.path, "tuning": sim.tuning,   # speed choices: tiles measured per machine
                 "files": {"log": "log.csv", "scene": "scene.toml",
                           "trajectory": "trajectory" if self.traj else None,
                           "video": self.video_path.name if self.video_path else None},

@@ -1,0 +1,135 @@
+"""Speed choices measured on this machine, not written in the code.
+
+A choice that changes only speed (never which arithmetic is done, only its order) is picked
+the first time a shape class is used: each of a few candidates is compiled and timed on the
+real shape, the fastest is kept, and the pick is cached on disk under a key holding the CPU
+(``machine.describe``), so a laptop and a cluster node each keep their own. Every candidate
+computes the same numbers to the dtype's tolerance (tests hold each to the float64 reference).
+
+Today one choice is tuned: the register tiles of the large-n CPU pass (``kernels_wide``):
+lanes per vector (8 or 16 float32, i.e. 256- or 512-bit), row vectors per tile and columns
+per score tile. 512-bit vectors win where the FMA units are 512 bits wide (Zen 5); on CPUs
+that split or down-clock 512-bit work, 256-bit vectors can win.
+
+``PARTICLES_TUNING`` overrides, for tests and benchmarks:
+    measure (default)   measure once per shape class and machine, then use the cache
+    off                 the built-in defaults, nothing measured or read
+    wide=8x3x6          these tiles (lanes x rows x columns) for every wide pass
+``PARTICLES_TUNING_CACHE`` names the cache file (default: ``particles/tuning.json`` in the
+user's cache folder, beside Taichi's offline cache).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from . import machine
+from .errors import ParticlesUserError
+
+ENV = "PARTICLES_TUNING"
+CACHE_ENV = "PARTICLES_TUNING_CACHE"
+
+
+@dataclass(frozen=True)
+class WideTiles:
+    """Register tiles of the wide pass: `lanes` per vector, `rows` row vectors by `cols`
+    columns per score tile (rows * lanes must be a multiple of cols)."""
+    lanes: int
+    rows: int
+    cols: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.lanes}x{self.rows}x{self.cols}"
+
+    @classmethod
+    def parse(cls, text: str) -> "WideTiles":
+        try:
+            lanes, rows, cols = (int(p) for p in text.split("x"))
+        except ValueError:
+            raise ParticlesUserError(f"{ENV}: wide tiles are LANESxROWSxCOLS (e.g. 16x3x6), got {text!r}") from None
+        tiles = cls(lanes, rows, cols)
+        if lanes not in (4, 8, 16) or not 1 <= rows <= 4 or not 1 <= cols <= 8 or (rows * lanes) % cols:
+            raise ParticlesUserError(f"{ENV}: wide tiles {text!r} are not allowed: lanes 4, 8 or 16, "
+                                     "rows 1 to 4, columns 1 to 8 dividing rows x lanes")
+        return tiles
+
+
+# by dtype: the default first (measured best on a Zen 5 EPYC), then the alternatives tried
+WIDE_CANDIDATES = {
+    "float32": (WideTiles(16, 3, 6), WideTiles(8, 3, 6), WideTiles(16, 2, 4)),
+    "float64": (WideTiles(8, 3, 6), WideTiles(4, 3, 6), WideTiles(8, 2, 4)),
+}
+
+
+@dataclass(frozen=True)
+class Choice:
+    tiles: WideTiles
+    how: str   # "default", "set by PARTICLES_TUNING", "measured", "cached"
+
+    def describe(self) -> str:
+        return f"wide {self.tiles.label} ({self.how})"
+
+
+def cache_path() -> Path:
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "particles" / "tuning.json"
+
+
+def shape_class(dtype: str, d: int, r: int, rv: int, softmax: bool, n: int) -> str:
+    """The key a pick is cached under: the CPU, then the pass's compile-time shape and n to the
+    next power of two (the tiles' efficiency changes slowly with n)."""
+    bucket = 1 << max(0, (n - 1).bit_length())
+    return (f"{machine.describe(machine.fingerprint())} | wide {dtype} d={d} r={r} rv={rv} "
+            f"{'softmax' if softmax else 'exp'} n~{bucket}")
+
+
+def wide_tiles(dtype: str, key: str, measure: Callable[[WideTiles], float]) -> Choice:
+    """The tiles for one wide pass: overridden, cached, or measured now (``measure`` times one
+    candidate, compiled and warm, in seconds per pass)."""
+    mode = os.environ.get(ENV, "measure").strip()
+    default = WIDE_CANDIDATES[dtype][0]
+    if mode == "off":
+        return Choice(default, "default")
+    if mode.startswith("wide="):
+        return Choice(WideTiles.parse(mode[len("wide="):]), f"set by {ENV}")
+    if mode != "measure":
+        raise ParticlesUserError(f"{ENV}={mode!r} is not allowed: 'measure' (the default), 'off', "
+                                 "or 'wide=LANESxROWSxCOLS'")
+    cache = _read(cache_path())
+    label = cache.get(key, {}).get("choice")
+    by_label = {t.label: t for t in WIDE_CANDIDATES[dtype]}
+    if label in by_label:
+        return Choice(by_label[label], "cached")
+    seconds = {t.label: measure(t) for t in WIDE_CANDIDATES[dtype]}
+    best = min(WIDE_CANDIDATES[dtype], key=lambda t: seconds[t.label])
+    cache = _read(cache_path())   # another process may have written meanwhile
+    cache[key] = {"choice": best.label, "seconds_per_pass": seconds,
+                  "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    _write(cache_path(), cache)
+    return Choice(best, "measured")
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):   # absent or damaged: measure again
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write(path: Path, data: dict) -> None:
+    """Best effort: a cache that cannot be written costs a measurement next time, nothing else."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass

@@ -1,0 +1,103 @@
+"""Speed choices measured per machine (particles.tuning): every candidate gives the reference's
+numbers, the fastest measured one is kept and cached under the CPU, overrides work, and a
+damaged cache or a bad override is handled."""
+import json
+
+import numpy as np
+import pytest
+
+import particles
+import reference as ref
+from conftest import RTOL, general_heads, random_tokens, rel_err
+from particles import kernels_wide, machine, tuning
+from particles.errors import ParticlesUserError
+
+# the defaults run in the fast tier (tests/test_engine.py); 256-bit float32 lanes here too
+CANDIDATES = [pytest.param(dtype, t.label, id=f"{dtype}-{t.label}",
+                           marks=() if (dtype, t.label) == ("float32", "8x3x6") else pytest.mark.slow)
+              for dtype, tiles in tuning.WIDE_CANDIDATES.items() for t in tiles[1:]]
+
+
+@pytest.mark.parametrize("dtype, label", CANDIDATES)
+def test_every_candidate_matches_the_reference(dtype, label, monkeypatch):
+    monkeypatch.setenv(tuning.ENV, f"wide={label}")
+    n, d, beta = kernels_wide.WIDE_MIN_N + 9, 6, 1.3
+    x = random_tokens(n, d, seed=6)
+    heads = general_heads(2, d, seed=6)
+    sim = particles.Simulation(x, heads, beta=beta, rule="softmax", dtype=dtype, path="tiled")
+    assert sim.tuning == f"wide {label} (set by {tuning.ENV})"
+    assert rel_err(sim.velocity(), ref.velocity(x, heads, beta, "softmax", "sphere")) < RTOL[dtype]
+    sim.observe()
+    row = sim.take_rows()[0]
+    want = ref.observables(x, heads, beta, "softmax", "sphere")
+    tol = 1e-9 if dtype == "float64" else 1e-4
+    for key in ("energy_h1", "entropy_mean_h0", "radial_mean_h1", "kinetic"):
+        assert abs(row[key] - want[key]) <= tol * max(abs(want[key]), 1e-3), key
+
+
+@pytest.fixture
+def measuring(tmp_path, monkeypatch):
+    monkeypatch.setenv(tuning.ENV, "measure")
+    monkeypatch.setenv(tuning.CACHE_ENV, str(tmp_path / "tuning.json"))
+    return tmp_path / "tuning.json"
+
+
+def test_the_fastest_candidate_is_kept_and_cached_under_this_cpu(measuring):
+    fake = {"16x3x6": 3.0, "8x3x6": 1.0, "16x2x4": 2.0}
+    timed = []
+
+    def measure(tiles):
+        timed.append(tiles.label)
+        return fake[tiles.label]
+
+    key = tuning.shape_class("float32", 64, 64, 64, True, 3000)
+    assert key.startswith(machine.describe(machine.fingerprint())) and "n~4096" in key
+    choice = tuning.wide_tiles("float32", key, measure)
+    assert (choice.tiles.label, choice.how) == ("8x3x6", "measured") and sorted(timed) == sorted(fake)
+    stored = json.loads(measuring.read_text())[key]
+    assert stored["choice"] == "8x3x6" and stored["seconds_per_pass"] == fake
+    again = tuning.wide_tiles("float32", key, lambda t: pytest.fail("measured twice"))
+    assert (again.tiles.label, again.how) == ("8x3x6", "cached")
+    # another CPU (or another shape class) is measured on its own
+    other = key.replace(machine.describe(machine.fingerprint()), "Some Other CPU")
+    assert tuning.wide_tiles("float32", other, measure).how == "measured"
+
+
+def test_a_damaged_cache_is_measured_again(measuring):
+    measuring.write_text("{not json")
+    choice = tuning.wide_tiles("float64", "k", lambda t: {"8x3x6": 2.0}.get(t.label, 1.0))
+    assert choice.how == "measured" and choice.tiles.label != "8x3x6"
+    assert json.loads(measuring.read_text())["k"]["choice"] == choice.tiles.label
+
+
+def test_off_uses_the_defaults_without_measuring(monkeypatch):
+    monkeypatch.setenv(tuning.ENV, "off")
+    choice = tuning.wide_tiles("float32", "k", lambda t: pytest.fail("measured"))
+    assert choice.describe() == "wide 16x3x6 (default)"
+
+
+@pytest.mark.parametrize("value, says", [("fast", "'measure' (the default), 'off'"),
+                                         ("wide=16x3", "LANESxROWSxCOLS"),
+                                         ("wide=16x3x5", "dividing rows x lanes"),
+                                         ("wide=32x1x1", "lanes 4, 8 or 16")])
+def test_a_bad_override_names_the_variable(monkeypatch, value, says):
+    monkeypatch.setenv(tuning.ENV, value)
+    with pytest.raises(ParticlesUserError, match=tuning.ENV) as err:
+        tuning.wide_tiles("float32", "k", lambda t: 1.0)
+    assert says in str(err.value)
+
+
+def test_measuring_times_real_passes_and_the_pick_is_used(measuring):
+    """The real measurement (compiled candidates, timed passes) picks a candidate the
+    simulation then runs; small n, so the timings are short."""
+    n, d = kernels_wide.WIDE_MIN_N, 4
+    sim = particles.Simulation(random_tokens(n, d, 1), general_heads(1, d, 1), rule="exp", path="tiled")
+    stored = next(iter(json.loads(measuring.read_text()).values()))
+    assert set(stored["seconds_per_pass"]) == {t.label for t in tuning.WIDE_CANDIDATES["float32"]}
+    assert all(0 < s < 5 for s in stored["seconds_per_pass"].values())
+    assert sim.tuning == f"wide {stored['choice']} (measured)"
+
+
+def test_small_simulations_have_no_tuned_choice():
+    sim = particles.Simulation(random_tokens(8, 3), general_heads(1, 3))
+    assert sim.tuning == "-"
