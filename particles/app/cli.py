@@ -4,13 +4,29 @@ Exit codes: 0 success, 2 a user error (one paragraph, no traceback), 1 an intern
 """
 from __future__ import annotations
 
-import argparse
-import math
+import os
 import sys
-import textwrap
-from pathlib import Path
 
-from particles.vocabulary import ARCHES, DTYPES  # imports nothing: safe before signals are deferred
+from particles.app.interrupts import program_signals
+
+
+def _started_by_console_script() -> bool:
+    """Is ``__main__`` the console script pip writes for ``particles`` (POSIX, or Windows'
+    launcher with the script zipped in the .exe)?"""
+    path = os.path.normpath(getattr(sys.modules.get("__main__"), "__file__", None) or "")
+    tail = path.split(os.sep)[-2:]
+    return tail[-1] in ("particles", "particles-script.py") or tail == ["particles.exe", "__main__.py"]
+
+
+if _started_by_console_script():   # its first line imports this module: signals recorded from here
+    program_signals()
+
+import argparse  # noqa: E402
+import math  # noqa: E402
+import textwrap  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from particles.vocabulary import ARCHES, DTYPES  # noqa: E402  (imports nothing)
 
 EXAMPLES = """\
 examples:
@@ -101,8 +117,9 @@ def cmd_run(args) -> int:
     from particles.app.run import run_scene
     # signals deferred from the scene's load to the last line printed: the run stops at a
     # served state, a signal while it closes changes nothing, and the run's status is the code
-    with DeferredInterrupts():
+    with DeferredInterrupts() as interrupts:
         scene = _load(args.scene, args.set, args.steps, args.arch, args.dtype)
+        interrupts.raise_if_requested()   # before the run folder is made
         result = run_scene(scene, args.out, render=not args.no_render, progress=not args.quiet,
                            checkpoint_every=args.checkpoint_every or 0, echo=print,
                            overwrite=args.overwrite)
@@ -410,7 +427,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# commands that defer signals themselves and stop at safe points (the rest are interrupted)
+SELF_DEFERRING = ("run", "resume")
+
+
 def main(argv=None) -> int:
+    """The program (``argv`` None): SIGINT and SIGTERM recorded from its first line, acted on
+    at safe points or raised inside a command without them, ignored once its work is done;
+    either way the end is the clean "interrupted" and 130. In-process calls with an ``argv``
+    leave the caller's handlers alone except while imports and runs defer them."""
+    signals = program_signals() if argv is None else None
+    try:
+        return _main(argv, signals)
+    finally:
+        if signals is not None:   # its work is written: the teardown must not turn into a kill
+            signals.finish()
+
+
+def _main(argv, signals) -> int:
     user_errors = (UserError,)
     try:
         parser = build_parser()
@@ -419,11 +453,13 @@ def main(argv=None) -> int:
             parser.print_help()
             return 0
         user_errors = _import_deferring_signals(args.command)
-        code = args.func(args)
-        if argv is None:   # the program: its work is written, a late signal must not kill it
-            from particles.app.interrupts import ignore_signals
-            ignore_signals()
-        return code
+        if signals is None:
+            return args.func(args)
+        if args.command in SELF_DEFERRING:
+            signals.raise_if_requested()
+            return args.func(args)
+        with signals.raising():
+            return args.func(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -460,14 +496,10 @@ def _import_deferring_signals(command: str):
     crosses scipy's exec() (Python then ends by SIGINT, not 130) or Taichi's extension
     start-up (ImportError 'initialization failed', a traceback)."""
     import importlib
-    import signal
-    import threading
-    from particles.app.interrupts import SIGNALS, DeferredInterrupts
+    from particles.app.interrupts import DeferredInterrupts, restart_syscalls
     with DeferredInterrupts() as interrupts:
         interrupts.arm()
-        if threading.current_thread() is threading.main_thread():   # (signals live there)
-            for sig in SIGNALS:
-                signal.siginterrupt(sig, False)
+        restart_syscalls()
         errors = _user_errors()
         if command in COMMAND_MODULES:
             importlib.import_module(COMMAND_MODULES[command])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from contextlib import contextmanager
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -77,6 +78,69 @@ class DeferredInterrupts:
         return False
 
 
+def restart_syscalls() -> None:
+    """Blocking calls interrupted by SIGINT/SIGTERM are restarted, not failed with EINTR
+    (inside an extension's start-up that is an ImportError)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in SIGNALS:
+            signal.siginterrupt(sig, False)
+
+
+def _raise_interrupt(signum, frame):   # SIGTERM ends as Ctrl-C does
+    raise KeyboardInterrupt
+
+
+class ProgramSignals:
+    """The ``particles`` program's SIGINT and SIGTERM from its first line to its exit.
+
+    Recorded (a ``DeferredInterrupts`` the run's own deferral nests in) while the program
+    starts and imports, so no KeyboardInterrupt is raised inside an import (a traceback, or
+    Taichi's "initialization failed") and SIGTERM never kills it by its default action; the
+    CLI acts on a recorded signal at its safe points (``raise_if_requested``: exit 130). A
+    command without safe points of its own runs inside ``raising()``, where both raise
+    KeyboardInterrupt. ``finish()``: ignored for the interpreter's teardown. What comes
+    before the first line (Python's own start-up, site and its .pth files) is out of reach."""
+
+    def __init__(self):
+        self.deferred = DeferredInterrupts().__enter__()
+        restart_syscalls()
+
+    def raise_if_requested(self) -> None:
+        self.deferred.raise_if_requested()
+
+    @contextmanager
+    def raising(self):
+        """Within: SIGINT and SIGTERM raise KeyboardInterrupt (one recorded before is raised at
+        once); after: recorded again, so the exit path is never interrupted."""
+        main = threading.current_thread() is threading.main_thread()
+        if main:
+            for sig in SIGNALS:
+                signal.signal(sig, _raise_interrupt)
+        try:
+            self.deferred.raise_if_requested()
+            yield
+        finally:
+            if main:
+                for sig in SIGNALS:
+                    signal.signal(sig, self.deferred._handler)
+                restart_syscalls()
+
+    def finish(self) -> None:
+        ignore_signals()
+
+
+_program: ProgramSignals | None = None
+
+
+def program_signals() -> ProgramSignals:
+    """The program's signal handling, started by the first caller (the first line of
+    ``python -m particles`` or of the console script) and shared by the later ones."""
+    global _program
+    if _program is None:
+        _program = ProgramSignals()
+    return _program
+
+
 def ignore_signals() -> None:
     """SIGINT and SIGTERM ignored from here on (the program's work is written; Python's
     teardown, and Taichi's, must not turn a late signal into a kill by signal)."""
@@ -85,4 +149,5 @@ def ignore_signals() -> None:
             signal.signal(sig, signal.SIG_IGN)
 
 
-__all__ = ["DeferredInterrupts", "ignore_signals"]
+__all__ = ["DeferredInterrupts", "ProgramSignals", "program_signals", "ignore_signals",
+           "restart_syscalls"]
