@@ -68,11 +68,7 @@ def _check_layer_in_dtype(where: str, heads, attention, dtype: str) -> None:
     for i, head in enumerate(heads):
         for part, value in (("query", head.query), ("key", head.key),
                             ("value_out", head.value_out), ("value_in", head.value_in)):
-            # entries far below the head's scale may round to 0 (harmless); a factor that
-            # overflows, or vanishes whole, changes the head
-            problem = validation.dtype_problem(value, dtype)
-            vanished = np.any(value) and not np.any(np.asarray(value).astype(dtype))
-            if problem and ("not finite" in problem or vanished):
+            if validation.factor_problem(value, dtype):
                 validation.in_dtype(f"{where}heads[{i}].{part}", value, dtype,
                                     f"use dtype 'float64' or strengths within {dtype}'s range")
     for i, att in enumerate(attention):

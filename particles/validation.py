@@ -80,6 +80,15 @@ def dtype_problem(value, dtype: str) -> str | None:
     return None
 
 
+def factor_problem(value, dtype: str) -> str | None:
+    """Why a head's factor cannot run in the dtype, or None: an entry overflows it, or the
+    whole factor vanishes in it (entries far below the head's scale may round to 0: harmless)."""
+    problem = dtype_problem(value, dtype)
+    if problem is None or "not finite" in problem:
+        return problem
+    return problem if np.any(value) and not np.any(np.asarray(value).astype(dtype)) else None
+
+
 def in_dtype(name: str, value, dtype: str, hint: str = "use dtype 'float64' or a value in range"):
     """Refuse a value that overflows, or underflows to zero, in the run's dtype."""
     why = dtype_problem(value, dtype)

@@ -99,8 +99,8 @@ def _check_heads_in_dtype(real, where: str, heads, attention) -> None:
         parts = ((head.query, head.key, head.value_in, head.value_out) if hasattr(head, "query")
                  else head if isinstance(head, tuple) else (head,))
         for part in parts:
-            why = validation.dtype_problem(part, real.name)
-            if why is not None and "not finite" in why:
+            why = validation.factor_problem(part, real.name)   # the engine's own test
+            if why is not None:
                 raise ParticlesUserError(f"{where} head {i}: a matrix entry {why}; use dtype = "
                                          "'float64' or smaller strengths")
     for i, att in enumerate(attention):
