@@ -102,7 +102,10 @@ class Runner:
     """One run directory: builds the Simulation and the writers, drives it, records the outcome."""
 
     def __init__(self, scene, run_dir: Path, *, render: bool = True, progress: bool = True,
-                 checkpoint_every: int = 0, echo=print, resume: bool = False, interrupts=None):
+                 checkpoint_every: int = 0, echo=print, resume: bool = False, interrupts=None,
+                 save_scene: bool = False):
+        """``save_scene``: a resume records ``scene`` (its new length) in scene.toml, once
+        nothing can refuse the resume any more."""
         self.scene, self.run_dir, self.echo = scene, Path(run_dir), echo
         self.interrupts = interrupts
         dyn, log, render_cfg = scene.dynamics, scene.log, scene.render
@@ -140,6 +143,8 @@ class Runner:
                      "arch": sim.arch, "seed": scene.tokens.seed, "every": traj_every}
         log_resume, first_chunk, first_frames = None, 0, 0
         if resume:
+            for name in ("run.json", "scene.toml") if save_scene else ("run.json",):
+                refuse_link(self.run_dir / name)   # refused before any file is touched
             tokens, state = read_checkpoint(
                 self.run_dir, echo=echo, sim=sim, steps_total=self.steps_total,
                 fingerprint=self.fingerprint, columns=self.columns, trajectory=traj_every > 0)
@@ -166,6 +171,9 @@ class Runner:
         if interrupts is not None:
             interrupts.raise_if_requested()
             interrupts.arm()   # from here on a signal stops the loop at a served state
+        # every refusal comes before this point: a refused resume leaves run.json as it was
+        if save_scene:
+            scene.save(self.run_dir / "scene.toml")
         self._write_run_json("running")
 
     @property
@@ -409,12 +417,9 @@ def resume_run(run_dir: str | Path, *, steps: int | None = None, render: bool = 
                                   f"{done} steps; --steps is the new total, give N >= {done} to "
                                   "extend the run")
             scene = scene.replace(dynamics={"steps": int(steps)})
-        runner = Runner(scene, run_dir, render=render, progress=progress,
-                        checkpoint_every=checkpoint_every, echo=echo, resume=True,
-                        interrupts=interrupts)
-        if steps is not None:
-            scene.save(run_dir / "scene.toml")
-        return runner
+        return Runner(scene, run_dir, render=render, progress=progress,
+                      checkpoint_every=checkpoint_every, echo=echo, resume=True,
+                      interrupts=interrupts, save_scene=steps is not None)
 
     return _guarded(run_dir, start, echo)
 
