@@ -12,6 +12,9 @@ import os as _os
 __version__ = "0.1.0"
 # Taichi's import banner is noise on a researcher's terminal; run.json records its version.
 _os.environ.setdefault("ENABLE_TAICHI_HEADER_PRINT", "False")
+# and its info lines ("Graphical python shell detected" in every notebook's first cell); its
+# warnings and errors still show
+_os.environ.setdefault("TI_LOG_LEVEL", "warn")
 
 # public name -> the module that defines it
 _EXPORTS = {
@@ -25,6 +28,7 @@ _EXPORTS = {
     "Result": "result", "Trajectory": "result",
     "ExplicitRK": "integrators",
     "theory": None, "clusters": None, "paths": None, "integrators": None, "machine": None,
+    "tuning": None,
 }
 # the application layer's entry points, for notebooks (imported on first use)
 _APP_EXPORTS = {"run_scene": "particles.app.run", "resume_run": "particles.app.run",

@@ -57,7 +57,10 @@ def _options(name: str) -> dict:
     # cast their constants explicitly, see kernels.py); on SPIR-V a float64 literal would
     # drag float32 code (user rules included) into 64-bit operations it cannot compile.
     fp = ti.f32 if name in SPIRV_ARCHES else ti.f64
-    return dict(default_fp=fp, offline_cache=True, log_level=ti.WARN, unrolling_limit=0)
+    options = dict(default_fp=fp, offline_cache=True, unrolling_limit=0)
+    if "TI_LOG_LEVEL" not in os.environ:   # (set by `import particles`; an argument would override it, with a warning)
+        options["log_level"] = ti.WARN
+    return options
 
 
 @ti.kernel

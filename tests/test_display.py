@@ -162,3 +162,25 @@ def test_trajectory_animates_inline(d):
     html = traj.animate(max_frames=3)._repr_html_()
     assert "<script" in html and "animation" in html.lower()
     assert html.count("frames[") >= 3 or "frames = new Array(3)" in html or "new Array(3)" in html
+
+
+NOTEBOOK_STDOUT = """
+import io, sys
+class KernelStream(io.TextIOBase):   # stands in for ipykernel's OutStream: not a real file
+    def write(self, text):
+        sys.__stdout__.write(text)
+        return len(text)
+sys.stdout = KernelStream()
+import numpy as np, particles
+particles.Simulation(np.eye(3)[:2], [(np.eye(3), np.eye(3))]).advance(1)
+"""
+
+
+def test_a_notebook_cell_gets_no_taichi_info_lines():
+    """Taichi's "Graphical python shell detected" info line (and any warning about our own
+    log settings) stays out of the first notebook cell."""
+    import subprocess
+    proc = subprocess.run([sys.executable, "-c", NOTEBOOK_STDOUT], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    said = proc.stdout + proc.stderr
+    assert "Graphical python shell" not in said and "overridden" not in said, said
