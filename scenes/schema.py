@@ -66,7 +66,7 @@ PANELS = ("energy", "radial_dominance", "entropy")
 RENDER_KEYS = ("enabled", "file", "frames", "fps", "view", "color_by", "color_head", "trails",
                "rotate", "projection", "panels", "dpi", "width", "height")
 RENDER_EXTENSIONS = (".mp4", ".gif")
-OUTPUT_KEYS = ("dir", "run_dir")
+OUTPUT_KEYS = ("dir", "run_dir", "final_checkpoint")
 
 SECTION_KEYS = {"tokens": TOKEN_KEYS, "heads": HEAD_KEYS, "dynamics": DYNAMICS_KEYS,
                 "log": LOG_KEYS, "render": RENDER_KEYS, "output": OUTPUT_KEYS, "layers": LAYER_KEYS}
@@ -831,6 +831,7 @@ def _output(problems, raw) -> dict:
     sec.take("dir", string(nonempty=True), "runs")
     if sec.has("run_dir"):
         sec.take("run_dir", string(nonempty=True))
+    sec.take("final_checkpoint", boolean(), True)
     return sec.out
 
 

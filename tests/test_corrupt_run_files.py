@@ -104,6 +104,10 @@ def test_with_no_usable_checkpoint_the_user_gets_one_paragraph(half_run, capsys)
 def test_missing_checkpoints_say_how_to_get_one(tmp_path, capsys):
     out = tmp_path / "run"
     run_scene(tiny(10), out, **QUIET)
+    for name in ("checkpoint.npz", "previous-checkpoint.npz"):   # as a SIGKILL before any
+        (out / name).unlink(missing_ok=True)
+    info = json.loads((out / "run.json").read_text())
+    (out / "run.json").write_text(json.dumps(dict(info, status="running")))
     assert main(["resume", str(out), "--steps", "20", "--quiet"]) == 2
     assert "no checkpoint" in capsys.readouterr().err
 

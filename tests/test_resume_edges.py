@@ -2,6 +2,8 @@
 the newest checkpoint is refused even when run.json is stale (after a SIGKILL)."""
 import json
 
+import numpy as np
+
 from particles.app.cli import main
 
 
@@ -11,11 +13,26 @@ def run(out, *extra):
 
 
 def test_a_completed_run_without_checkpoints_says_it_is_complete(tmp_path, capsys):
-    assert run(tmp_path / "r", "--steps", 5) == 0
+    assert run(tmp_path / "r", "--steps", 5, "--set", "output.final_checkpoint=false") == 0
+    assert not (tmp_path / "r" / "checkpoint.npz").exists()
     capsys.readouterr()
     assert main(["resume", str(tmp_path / "r"), "--steps", "10", "--no-render", "--quiet"]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "no checkpoint" in err and "completed run" in err and "interrupt" not in err, err
+    assert "completed run without a checkpoint" in err and "it is complete" in err, err
+    assert "final checkpoint" in err and "interrupt" not in err and "Ctrl-C" not in err, err
+
+
+def test_a_completed_run_ends_with_a_checkpoint_and_extends_to_the_longer_run(tmp_path):
+    """No --checkpoint-every: the run still ends with checkpoint.npz (scene default), and
+    resume --steps 30 of the 20-step run gives the 30-step run's log and trajectory."""
+    from particles import load_trajectory
+    assert run(tmp_path / "short", "--steps", 20) == 0
+    assert (tmp_path / "short" / "checkpoint.npz").is_file()
+    assert main(["resume", str(tmp_path / "short"), "--steps", "30", "--no-render", "--quiet"]) == 0
+    assert run(tmp_path / "whole", "--steps", 30) == 0
+    assert (tmp_path / "short" / "log.csv").read_bytes() == (tmp_path / "whole" / "log.csv").read_bytes()
+    extended, whole = load_trajectory(tmp_path / "short"), load_trajectory(tmp_path / "whole")
+    assert all(np.array_equal(a, b) for a, b in zip(extended[:3], whole[:3]))
 
 
 def test_steps_below_the_newest_checkpoint_are_refused_though_run_json_is_stale(tmp_path, capsys):

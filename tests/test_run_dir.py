@@ -25,6 +25,11 @@ def tiny(steps=20, seed=0, **extra):
     return load_scene("quickstart", overrides=overrides)
 
 
+def read_checkpoint_step(run_dir) -> int:
+    from particles.app.checkpoint import CHECKPOINT, _read
+    return _read(run_dir / CHECKPOINT)[1]["step"]
+
+
 def cli(*args, **kwargs):
     env = dict(os.environ, MPLBACKEND="Agg")
     return subprocess.Popen([sys.executable, "-m", "particles", *map(str, args)], env=env,
@@ -50,7 +55,8 @@ def test_overwrite_leaves_only_the_new_run(tmp_path):
     assert result.status == "completed"
     steps, _, _, _ = load_trajectory(out)
     assert np.array_equal(steps, np.arange(0, 11, 2))        # no stale frames of the old run
-    assert not (out / "checkpoint.npz").exists()              # resume cannot pick up the old run
+    assert not (out / "previous-checkpoint.npz").exists()     # resume cannot pick up the old run:
+    assert read_checkpoint_step(out) == 10                     # the checkpoint is the new run's end
     assert (out / "notes.txt").read_text() == "mine"          # files a run does not write stay
     fresh = run_scene(tiny(10, seed=1), tmp_path / "fresh", **QUIET)
     assert (out / "log.csv").read_bytes() == fresh.log.read_bytes()

@@ -101,7 +101,7 @@ def test_defaults_are_filled():
                         "trajectory_every": 10}
     assert d["render"]["file"] == "animation.mp4" and d["render"]["frames"] == 150
     assert d["render"]["panels"] == ["energy", "radial_dominance", "entropy"]
-    assert d["output"] == {"dir": "runs"}
+    assert d["output"] == {"dir": "runs", "final_checkpoint": True}
     assert scene.n_heads == 1 and scene.rule_file is None
     heads = scene.build_heads()
     assert len(heads) == 1 and isinstance(heads[0], Head)

@@ -33,10 +33,12 @@ _COUNTS = ("step", "log_rows", "log_bytes", "trajectory_frames", "trajectory_chu
 
 
 def scene_fingerprint(scene) -> str:
-    """A hash of the resolved scene, less its length (``resume --steps`` may change that)."""
+    """A hash of the resolved scene, less its length (``resume --steps`` may change that) and
+    whether it ends with a checkpoint (a choice of files; older runs' scenes lack the key)."""
     data = copy.deepcopy(scene.data if hasattr(scene, "data") else scene)
     data.get("dynamics", {}).pop("steps", None)
     data.get("dynamics", {}).pop("t_end", None)
+    data.get("output", {}).pop("final_checkpoint", None)
     text = json.dumps(data, sort_keys=True, default=lambda o: np.asarray(o).tolist())
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -222,10 +224,11 @@ def read_checkpoint(run_dir: Path, echo=print, **context) -> tuple[np.ndarray, d
         status = _run_status(run_dir)
         if status == "completed":
             raise RunFileError(
-                f"no checkpoint in {str(run_dir)!r}, which holds a completed run: there is "
-                "nothing to resume, and extending it with `particles resume --steps N` needs the final "
-                "checkpoint that `particles run --checkpoint-every N` writes at the end. Run the "
-                "scene again with --checkpoint-every (and more steps) instead")
+                f"{str(run_dir)!r} holds a completed run without a checkpoint: it is complete, "
+                "and extending it with `particles resume --steps N` needs the final checkpoint a "
+                "run writes at its end, which this one did not write (its scene says [output] "
+                "final_checkpoint = false, or an older version made it). Run the scene again with "
+                "more steps instead: particles run SCENE --steps N")
         raise RunFileError(f"no checkpoint in {str(run_dir)!r} (expected {CHECKPOINT}; run with "
                            "--checkpoint-every N to write them, or interrupt with Ctrl-C, which "
                            "writes one)")
@@ -242,7 +245,8 @@ def _run_status(run_dir: Path):
 
 
 class CheckpointWriter(Writer):
-    """Every k steps after the start, and at the end (so `resume --steps` can extend a run).
+    """Every k steps after the start (k = 0: never), and at the end (so `resume --steps` can
+    extend a run).
 
     ``state_of()`` returns the JSON state to save; the drive loop hands out every row and
     flushes every writer before this one is served, so the state covers all of it.
@@ -252,7 +256,7 @@ class CheckpointWriter(Writer):
 
     def __init__(self, run_dir: Path, every: int, state_of):
         self.run_dir, self.every, self.state_of = Path(run_dir), int(every), state_of
-        self.trigger = Every(self.every) | AT_END
+        self.trigger = Every(self.every) | AT_END if self.every else AT_END
         self.sim = None
         self.start_step = 0
 
@@ -261,7 +265,7 @@ class CheckpointWriter(Writer):
 
     def on_state(self, state):
         s = state.step
-        if s == self.start_step and not (s == state.end and s % self.every):
+        if s == self.start_step and not (s == state.end and self.every and s % self.every):
             return  # the run starts from this state: nothing new to save
         self.save()
 

@@ -345,7 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("resume", help="continue a run from its last checkpoint",
                        description="Continue a run from its checkpoint.npz (written by --checkpoint-every "
-                                   "N or by Ctrl-C): the log, trajectory and summary come out as the "
+                                   "N, by Ctrl-C, and at the end of a completed run, which --steps N "
+                                   "then extends): the log, trajectory and summary come out as the "
                                    "uninterrupted run's; the continuation's video is a *.partN.mp4.")
     p.add_argument("run_dir", help="the run directory (holding scene.toml and checkpoint.npz)")
     p.add_argument("--steps", type=_positive_int, metavar="N",

@@ -166,8 +166,9 @@ class Runner:
                            color_by in ("radial", "entropy"),
                            self.cluster_threshold if color_by == "cluster" else None) \
             if self.render_on else None
+        # a completed run ends with a checkpoint unless the scene says not to: resume --steps extends it
         self.checkpoint = (CheckpointWriter(self.run_dir, self.checkpoint_every, self._checkpoint_state)
-                           if self.checkpoint_every else None)
+                           if self.checkpoint_every or scene.output.final_checkpoint else None)
         if interrupts is not None:
             interrupts.raise_if_requested()
             interrupts.arm()   # from here on a signal stops the loop at a served state
