@@ -64,3 +64,25 @@ def test_a_resume_refused_late_leaves_run_json_as_it_was(tmp_path, capsys):
     assert "symbolic link" in err and "scene.toml" in err, err
     assert (out / "run.json").read_bytes() == before["run.json"]
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_a_resume_across_versions_warns_and_run_json_keeps_every_segment(tmp_path, capsys):
+    """run.json written by 'particles 0.0.1' (as an older run.json, without segments): the
+    resume names both versions, and run.json then holds that segment and the new one."""
+    import particles
+    out = tmp_path / "r"
+    assert run(out, "--steps", 20) == 0
+    info = json.loads((out / "run.json").read_text())
+    del info["segments"]
+    info["versions"]["particles"] = "0.0.1"
+    (out / "run.json").write_text(json.dumps(info))
+    capsys.readouterr()
+    assert main(["resume", str(out), "--steps", "30", "--no-render", "--quiet"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"particles 0.0.1; this is particles {particles.__version__}" in said, said
+    assert main(["resume", str(out), "--steps", "40", "--no-render", "--quiet"]) == 0
+    assert "warning" not in capsys.readouterr().out          # the newest segment is this version's
+    segments = json.loads((out / "run.json").read_text())["segments"]
+    assert [(s["start_step"], s["end_step"], s["versions"]["particles"]) for s in segments] == [
+        (0, 20, "0.0.1"), (20, 30, particles.__version__), (30, 40, particles.__version__)]
+    assert all(s["machine"]["model"] == info["machine"]["model"] for s in segments[1:])

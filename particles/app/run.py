@@ -98,6 +98,42 @@ def _overwrite_in_place(path: Path, info: dict) -> None:
             continue
 
 
+def _segments_kept(run_dir: Path, resume_step: int) -> list[dict]:
+    """The segments of the run that run.json records (each process that computed steps: its
+    first and last step, versions and machine), as far as the files still hold them when it
+    resumes from ``resume_step``. A run.json from before segments were recorded counts as
+    one segment, from step 0, with its versions."""
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(info, dict):
+        return []
+    segments = info.get("segments")
+    if not isinstance(segments, list):
+        segments = [{"start_step": 0, "versions": info.get("versions"), "machine": info.get("machine")}]
+    kept = [dict(seg) for seg in segments if isinstance(seg, dict) and type(seg.get("start_step")) is int
+            and seg["start_step"] < resume_step]
+    if kept:   # the steps after the checkpoint are computed again by the new segment
+        kept[-1]["end_step"] = resume_step
+    return kept
+
+
+def _version_warning(run_dir: Path, previous: dict | None) -> str | None:
+    """A warning when the versions that wrote the run differ from this process's."""
+    if not isinstance(previous, dict):
+        return None
+    here = _versions()
+    differ = [k for k in ("particles", "taichi") if previous.get(k) not in (None, here[k])]
+    if not differ:
+        return None
+    then = ", ".join(f"{k} {previous[k]}" for k in differ)
+    now = ", ".join(f"{k} {here[k]}" for k in differ)
+    return (f"warning: {str(run_dir)!r} was written by {then}; this is {now}. The continuation "
+            "may differ from an uninterrupted run made with one version; run.json records each "
+            "segment's versions")
+
+
 class Runner:
     """One run directory: builds the Simulation and the writers, drives it, records the outcome."""
 
@@ -142,6 +178,7 @@ class Runner:
                      "dt": sim.dt, "integrator": sim.integrator.name, "dtype": sim.dtype,
                      "arch": sim.arch, "seed": scene.tokens.seed, "every": traj_every}
         log_resume, first_chunk, first_frames = None, 0, 0
+        self.segments_before: list[dict] = []
         if resume:
             for name in ("run.json", "scene.toml") if save_scene else ("run.json",):
                 refuse_link(self.run_dir / name)   # refused before any file is touched
@@ -149,12 +186,18 @@ class Runner:
                 self.run_dir, echo=echo, sim=sim, steps_total=self.steps_total,
                 fingerprint=self.fingerprint, columns=self.columns, trajectory=traj_every > 0)
             sim.set_tokens(tokens, step=state["step"])
+            self.segments_before = _segments_kept(self.run_dir, state["step"])
+            warning = _version_warning(self.run_dir, self.segments_before[-1].get("versions")
+                                       if self.segments_before else None)
+            if warning:
+                echo(warning)
             self.summary.restore(state["summary"])
             log_resume = (state["log_rows"], state["log_bytes"])
             first_chunk, first_frames = state["trajectory_chunk"], state["trajectory_frames"]
             self._cut_trajectory_back(first_chunk)
         else:
             scene.save(self.run_dir / "scene.toml")
+        self.first_step = sim.step_count   # where this process's segment of the run starts
         self.cluster_threshold = float(log.cluster_threshold)
         self.log = LogCsv(self.log_path, self.columns, self.log_every, clusters_every,
                           self.cluster_threshold, resume=log_resume)
@@ -221,10 +264,13 @@ class Runner:
 
     def _write_run_json(self, status: str, extra: dict | None = None) -> None:
         sim = self.sim
+        versions, fingerprint = _versions(), machine.fingerprint()
+        segment = {"start_step": self.first_step, "end_step": sim.step_count, "versions": versions,
+                   "machine": fingerprint}
         info = {"scene": self.scene.name, "status": status, "steps_total": self.steps_total,
                 "steps_done": sim.step_count, "arch_requested": self.scene.dynamics.arch, "arch": sim.arch,
                 "dtype": sim.dtype, "seed": self.scene.tokens.seed,
-                "versions": _versions(), "machine": machine.fingerprint(),
+                "versions": versions, "machine": fingerprint, "segments": self.segments_before + [segment],
                 "path": sim.path, "tuning": sim.tuning,   # speed choices: tiles measured per machine
                 "files": {"log": "log.csv", "scene": "scene.toml",
                           "trajectory": "trajectory" if self.traj else None,
