@@ -69,13 +69,16 @@ class ResultStore:
         self.runs = list(meta.get("runs", [])) if meta else []    # one entry per invocation
         self.done = _read_ledger(self.ledger)
         self.done = {u: v for u, v in self.done.items() if u in sweep.unit_meta}
+        self._check_header()   # refused before anything is written
+        self.started = time.time()
+        # sweep.json first: a fault in any later write (a full disk) leaves a folder that
+        # running the same sweep again continues
+        self.write_meta("running")
         if self.ledger.is_file():
             text = self.ledger.read_text()
             if text and not text.endswith("\n"):    # a line cut by a kill: drop it, then append
                 _write_ledger(self.ledger, self.done)
         self._repair()
-        self.started = time.time()
-        self.write_meta("running")
         if sweep.path is not None:
             atomic_write_text(self.dir / COPY, Path(sweep.path).read_text())
         self._fh = open_append(self.results, newline="", encoding="utf-8")
@@ -84,16 +87,26 @@ class ResultStore:
 
     def _old_meta(self) -> dict | None:
         if not self.meta_path.is_file():
-            if self.results.exists() or self.ledger.exists():
-                raise SweepError(str(self.dir), [f"{RESULTS} or {LEDGER} exists without {META}: "
-                                                 "not a sweep folder this version wrote"],
+            if _read_ledger(self.ledger):
+                raise SweepError(str(self.dir), [f"{LEDGER} lists finished units but {META} is "
+                                                 "missing: not a sweep folder this version wrote"],
                                  is_file=False, what="sweep output folder")
-            return None
+            return None   # nothing finished (e.g. the first unit met a full disk): start afresh
         try:
             return json.loads(self.meta_path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise SweepError(str(self.dir), [f"cannot read {META}: {exc}"], is_file=False,
                              what="sweep output folder") from None
+
+    def _check_header(self) -> None:
+        """SweepError when results.csv exists with another header (another sweep's table)."""
+        if self.results.is_file():
+            with open(self.results, encoding="utf-8", newline="") as fh:
+                first = fh.readline()
+            if first.rstrip("\n") != _csv_line(self.sweep.columns) or not first.endswith("\n"):
+                raise SweepError(str(self.results), ["its header differs from this sweep's "
+                                                     "columns; give another output folder"],
+                                 is_file=False, what="results table")
 
     def _repair(self) -> None:
         """Keep the header and the rows of ledgered units; rewrite the file if anything goes."""
@@ -106,10 +119,6 @@ class ResultStore:
         text = self.results.read_text(encoding="utf-8")
         lines = text.split("\n")
         complete, tail = lines[:-1], lines[-1]
-        if not complete or complete[0] != header:
-            raise SweepError(str(self.results), ["its header differs from this sweep's columns; "
-                                                 "give another output folder"], is_file=False,
-                             what="results table")
         keep = [complete[0]]
         counts: dict[str, int] = {}
         for line in complete[1:]:
