@@ -19,10 +19,11 @@ One step (MODEL.md, rule ``softmax``, sphere geometry, explicit Euler):
 
 Memory: the NumPy peers loop over heads and hold one head's n x n float32 score
 matrix at a time (4 n^2 bytes; the observables variant holds two, 8 n^2 bytes),
-plus O(n (d + r + rv)) per head.  The PyTorch peer hands all heads to
-``scaled_dot_product_attention`` at once: on CUDA (float32 -> memory-efficient
-kernel) no n x n matrix is stored; the CPU/math fallback materialises H n x n
-float32 matrices (4 H n^2 bytes).
+plus O(n (d + r + rv)) per head.  The PyTorch peer is written as a torch user writes
+attention: one matmul projects every head's queries, keys and values, all heads go to
+``scaled_dot_product_attention`` at once, one matmul contracts the heads' outputs.  Its
+SDPA takes torch's fused flash kernel on the CPU and the memory-efficient kernel on CUDA
+(float32), so no n x n matrix is stored (``torch_sdpa_backend`` checks which it takes).
 
 This module imports nothing from the project and needs only NumPy; torch is optional.
 """
@@ -30,6 +31,7 @@ This module imports nothing from the project and needs only NumPy; torch is opti
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
@@ -43,7 +45,8 @@ except Exception:  # pragma: no cover - depends on the machine
     TORCH_AVAILABLE = False
 
 __all__ = ["TORCH_AVAILABLE", "make_factors", "numpy_step", "numpy_step_with_observables",
-           "numpy_velocity", "numpy_rk4_run", "torch_step", "torch_available", "pair_work"]
+           "numpy_velocity", "numpy_rk4_run", "torch_step", "torch_sdpa_backend", "torch_available",
+           "pair_work"]
 
 
 def make_factors(H, d, r=None, rv=None, scale=1.0, seed=0, dtype=np.float32):
@@ -209,6 +212,48 @@ def torch_available():
     return TORCH_AVAILABLE
 
 
+def _torch_attention_inputs(x, Q, K, W):
+    """q, k (1, H, n, r) and values (1, H, n, rv) from one matmul of x with every head's
+    factors: views of its (n, H, r) column blocks, the layout nn.MultiheadAttention hands
+    to SDPA and the fused CPU flash kernel reads through strides (no copy)."""
+    n, d = x.shape
+    H, r, _ = Q.shape
+    rv = W.shape[1]
+    w_in = _torch.cat([Q.reshape(H * r, d), K.reshape(H * r, d), W.reshape(H * rv, d)])
+    qkv = x @ w_in.T                                           # (n, H (2 r + rv))
+    return tuple(part.view(n, H, -1).transpose(0, 1).unsqueeze(0)
+                 for part in qkv.split([H * r, H * r, H * rv], dim=1))
+
+
+def _torch_attention(q, k, val, beta):
+    try:
+        return _F.scaled_dot_product_attention(q, k, val, scale=float(beta))
+    except TypeError:  # torch < 2.1 has no scale=: fold beta * sqrt(r) into q
+        return _F.scaled_dot_product_attention(q * (float(beta) * math.sqrt(q.shape[-1])), k, val)
+
+
+def torch_sdpa_backend(x, Q, K, W, beta):
+    """Which fused SDPA kernel torch_step's attention takes on these tensors' device:
+    "flash" or "efficient" (the first that runs when only it is allowed), else "math"
+    (H n x n matrices materialised); None where torch cannot say (before torch 2.3)."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        return None
+    with _torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # each refusal also warns why
+        q, k, val = _torch_attention_inputs(x, Q, K, W)
+        for name, backend in (("flash", SDPBackend.FLASH_ATTENTION),
+                              ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+            try:
+                with sdpa_kernel(backend):
+                    _torch_attention(q, k, val, beta)
+                return name
+            except RuntimeError:  # "No available kernel": this backend refused the inputs
+                continue
+    return "math"
+
+
 def torch_step(x, Q, K, O, W, beta, dt, device=None):
     """The same Euler step with torch.nn.functional.scaled_dot_product_attention(scale=beta).
 
@@ -217,9 +262,8 @@ def torch_step(x, Q, K, O, W, beta, dt, device=None):
     timing, pass tensors already on the device so no host transfer is measured.
     Raises ImportError when torch is not installed.
 
-    Memory: q, k (H, n, r), v (H, n, rv), output (H, n, rv); the attention matrix is
-    not stored by the fused CUDA kernels (float32 -> memory-efficient attention);
-    the CPU/math path materialises H n x n float32 matrices.
+    Memory: x W_in^T (n, H (2 r + rv)) and the attention output (n, H rv); the fused
+    kernels (CPU flash, CUDA memory-efficient for float32) store no n x n matrix.
     """
     if not TORCH_AVAILABLE:
         raise ImportError("torch is not installed: the PyTorch peer is unavailable "
@@ -231,15 +275,13 @@ def torch_step(x, Q, K, O, W, beta, dt, device=None):
             device = "cuda" if torch.cuda.is_available() else "cpu"
         x, Q, K, O, W = (torch.as_tensor(np.asarray(a, dtype=np.float32), device=device)
                          for a in (x, Q, K, O, W))
+    n, d = x.shape
+    H, rv, _ = W.shape
     with torch.no_grad():
-        q = torch.einsum("nd,hrd->hnr", x, Q).unsqueeze(0)     # (1, H, n, r)
-        k = torch.einsum("nd,hrd->hnr", x, K).unsqueeze(0)
-        val = torch.einsum("nd,hvd->hnv", x, W).unsqueeze(0)   # (1, H, n, rv)
-        try:
-            att = _F.scaled_dot_product_attention(q, k, val, scale=float(beta))
-        except TypeError:  # torch < 2.1 has no scale=: fold beta * sqrt(r) into q
-            att = _F.scaled_dot_product_attention(q * (float(beta) * math.sqrt(q.shape[-1])), k, val)
-        v = torch.einsum("hnv,hdv->nd", att[0], O)             # sum over heads of (P x W^T) O^T
+        att = _torch_attention(*_torch_attention_inputs(x, Q, K, W), beta)   # (1, H, n, rv)
+        # sum_h att_h O_h^T as one matmul: (n, H rv) @ (H rv, d); the CPU flash kernel's
+        # output is (n, H, rv) in memory, so the reshape is a view there
+        v = att[0].transpose(0, 1).reshape(n, H * rv) @ O.transpose(1, 2).reshape(H * rv, d)
         xdot = v - (v * x).sum(dim=1, keepdim=True) * x
         y = x + float(dt) * xdot
         y = y / torch.linalg.norm(y, dim=1, keepdim=True)

@@ -4,9 +4,9 @@
     python benchmarks/step.py --table a.json b.json     # one table from saved runs
 
 Two regimes, each timed with the peers interleaved (sample 1 of every implementation, then
-sample 2, ...; the median of 5 samples, 3 where one call takes over a second), after a
-warm-up (compile time excluded: the Simulation compiles when built), ``ti.sync()`` around
-every timed region:
+sample 2, ...; the median of 5 samples, 3 where one call takes over a second; a 0.2 s pause
+before each, so no thread pool of the one before still spins), after a warm-up (compile time
+excluded: the Simulation compiles when built), ``ti.sync()`` around every timed region:
 
 small n (``--small``): RK4, softmax, sphere, float32, observables every 10 steps, a run of
     steps per sample. engine = ``Simulation(path="auto")`` (the fused path while the pair
@@ -18,7 +18,11 @@ large n (``--sizes``): one Euler step, softmax, sphere, float32, H heads given a
         engine+obs   sim.advance(1, observe_every=1); sim.take_rows()
         numpy        peers.numpy_step (dense n x n per head, BLAS)
         torch        peers.torch_step: torch's fused scaled_dot_product_attention, when torch
-                     imports (never a dependency of the project)
+                     imports (never a dependency of the project), on as many threads as
+                     the machine has cores (torch.set_num_threads), as the engine runs
+    |dx| = max |x_new - numpy's x_new| of the engine's step and of torch's (float32 agreement);
+    sdpa = the kernel torch's attention takes (``peers.torch_sdpa_backend``: flash on the CPU);
+    tuning = the engine's measured speed choice (``Simulation.tuning``), "-" where none applies.
     bound = the pair pass's work at the machine's measured rates, max(2 H n^2 (r + rv) flops /
     SGEMM rate, H n^2 exps / exp rate), both measured in this run with every core (NumPy
     float32 matmul at 2048^2; np.exp on float32 in one thread per core). A step cannot beat it.
@@ -57,6 +61,9 @@ SIZES = [(1024, 3, 4), (1024, 64, 8), (4096, 64, 8), (16384, 16, 4), (16384, 64,
 SMALL = [(16, 3, 1), (32, 8, 3), (64, 3, 2), (128, 16, 4), (256, 3, 1), (256, 16, 4)]
 BETA, DT, SEED = 1.0, 0.01, 0
 OBSERVE_EVERY = 10  # small-n runs log every 10th state
+# OpenBLAS's worker threads spin ~0.1 s after a NumPy matmul before they sleep: whatever is
+# timed next shares the cores with them (torch right after numpy_step read ~2x slower)
+SETTLE_S = 0.2
 
 
 def structures(d, H):
@@ -100,7 +107,8 @@ def time_per_call(fn, min_time, min_reps, sync=lambda: None):
 
 def interleaved(timed, min_time, samples=5):
     """{name: (median, min) seconds per call}: each sample times every implementation in
-    turn (calls per sample sized from a probe so a sample lasts ~min_time / samples)."""
+    turn (calls per sample sized from a probe so a sample lasts ~min_time / samples), each
+    after a SETTLE_S pause that lets the previous one's thread pools go idle."""
     per, slowest = {}, 0.0
     for name, (fn, sync) in timed.items():
         sync()
@@ -116,6 +124,7 @@ def interleaved(timed, min_time, samples=5):
     for _ in range(samples):
         for name, (fn, sync) in timed.items():
             sync()
+            time.sleep(SETTLE_S)
             t0 = time.perf_counter()
             for _ in range(per[name]):
                 fn()
@@ -185,6 +194,15 @@ def machine_rates(seconds=0.5):
     return sgemm, cores * reps * chunks[0].size / best
 
 
+def import_torch():
+    """torch on every core (its default can be the physical cores only), or None."""
+    if not peers.torch_available():
+        return None
+    import torch
+    torch.set_num_threads(os.cpu_count() or 1)
+    return torch
+
+
 def bound_seconds(n, H, r, rv, rates):
     flops, exps = peers.pair_work(n, H, r, rv)
     return max(flops / rates[0], exps / rates[1])
@@ -236,7 +254,7 @@ def child(impl, n, d, H, r, rv):
         engine_observed(warm)
         del warm
     elif impl == "torch":
-        import torch
+        torch = import_torch()
         peers.torch_step(*(torch.as_tensor(a) for a in (tokens(64, d), Q, K, O, W)), BETA, DT)
     gc.collect()
     base, _ = rss_mib()
@@ -249,7 +267,7 @@ def child(impl, n, d, H, r, rv):
     elif impl == "numpy":
         peers.numpy_step(x, Q, K, O, W, BETA, DT)
     elif impl == "torch":
-        import torch
+        torch = import_torch()
         peers.torch_step(*(torch.as_tensor(a) for a in (x, Q, K, O, W)), BETA, DT)
     else:
         raise ValueError(impl)
@@ -284,15 +302,20 @@ def bench_large(n, d, H, name, r, rv, args, rates):
     sim = engine(x, Q, K, O, W)
     rec["engine_build_s"] = time.perf_counter() - t0
     rec["path"] = sim.path
+    rec["tuning"] = getattr(sim, "tuning", None)
+    expect = peers.numpy_step(x, Q, K, O, W, BETA, DT)
     sim.advance(1)  # one step from the peers' state: how far apart are they?
-    rec["max_abs_diff_vs_numpy"] = float(np.max(np.abs(sim.tokens - peers.numpy_step(x, Q, K, O, W, BETA, DT))))
+    rec["max_abs_diff_vs_numpy"] = float(np.max(np.abs(sim.tokens - expect)))
     timed = {"engine": (lambda: sim.advance(1), ti.sync),
              "engine_obs": (lambda: engine_observed(sim), ti.sync)}
     if not args.no_numpy:
         timed["numpy"] = (lambda: peers.numpy_step(x, Q, K, O, W, BETA, DT), lambda: None)
     if peers.torch_available() and not args.no_torch:
-        import torch
+        torch = import_torch()
         tx, tQ, tK, tO, tW = (torch.as_tensor(a) for a in (x, Q, K, O, W))
+        rec["torch_max_abs_diff_vs_numpy"] = float(np.max(np.abs(
+            peers.torch_step(tx, tQ, tK, tO, tW, BETA, DT).numpy() - expect)))
+        rec["torch_sdpa"] = peers.torch_sdpa_backend(tx, tQ, tK, tW, BETA)
         timed["torch"] = (lambda: peers.torch_step(tx, tQ, tK, tO, tW, BETA, DT), lambda: None)
     for key, (med, best) in interleaved(timed, args.min_time).items():
         rec[f"{key}_ms"], rec[f"{key}_best_ms"] = 1e3 * med, 1e3 * best
@@ -335,7 +358,15 @@ def fmt(v, spec):
 def print_meta(meta):
     print(f"CPU {meta['cpu_model']}, {meta['cpus']} cores, {meta['vector_width_bits']}-bit vectors; "
           f"SGEMM {meta['sgemm_gflops']:.0f} GFLOP/s, exp {meta['exp_g_per_s']:.2f} G/s; "
-          f"taichi {meta['taichi']}, torch {meta['torch_version'] or 'absent'}", flush=True)
+          f"taichi {meta['taichi']}, torch {torch_text(meta)}", flush=True)
+
+
+def torch_text(meta):
+    """"2.13.0+cpu on 2 threads", or "absent"."""
+    if not meta.get("torch_version"):
+        return "absent"
+    threads = meta.get("torch_threads")
+    return meta["torch_version"] + (f" on {threads} threads" if threads else "")
 
 
 def print_small(records):
@@ -355,7 +386,8 @@ def print_table(records):
         return
     print("\nlarge n: one Euler step (ms, medians; ratios = engine / peer, < 1 means the engine is faster)")
     print(f"{'n':>6} {'d':>3} {'H':>2} {'heads':<9} {'engine':>9} {'eng+obs':>9} {'numpy':>9} {'torch':>8} "
-          f"{'bound':>8} {'e/np':>6} {'e/torch':>7} {'e/bound':>7} {'MiB eng':>7} {'np':>6} {'torch':>6} {'|dx|':>8}")
+          f"{'bound':>8} {'e/np':>6} {'e/torch':>7} {'e/bound':>7} {'MiB eng':>7} {'np':>6} {'torch':>6} {'|dx|':>8} "
+          f"{'|dx|torch':>9} {'sdpa':>5}  tuning")
     for r in records:
         heads = f"{r['structure']} r={r['r']}"
         print(f"{r['n']:>6} {r['d']:>3} {r['H']:>2} {heads:<9} {fmt(r.get('engine_ms'), '9.1f')} "
@@ -364,7 +396,9 @@ def print_table(records):
               f"{fmt(r.get('engine_over_numpy'), '6.2f')} {fmt(r.get('engine_over_torch'), '7.2f')} "
               f"{fmt(r.get('engine_over_bound'), '7.2f')} {fmt(r.get('mem_engine_mib'), '7.0f')} "
               f"{fmt(r.get('mem_numpy_mib'), '6.0f')} {fmt(r.get('mem_torch_mib'), '6.0f')} "
-              f"{fmt(r.get('max_abs_diff_vs_numpy'), '8.1e')}", flush=True)
+              f"{fmt(r.get('max_abs_diff_vs_numpy'), '8.1e')} {fmt(r.get('torch_max_abs_diff_vs_numpy'), '9.1e')} "
+              f"{r.get('torch_sdpa') or '-':>5}  "
+              f"{r.get('tuning') or '-'}", flush=True)
     for (n, d, H, r), ratio in low_rank_speedups(records).items():
         print(f"  ({n}, {d}, {H}): rank-{r} heads {ratio:.1f}x faster than full heads")
 
@@ -374,7 +408,7 @@ def markdown(run):
     meta = run["meta"]
     out = [f"Measured {meta['date']} on {meta['cpu_model']} ({meta['cpus']} cores, "
            f"{meta['vector_width_bits']}-bit vectors; SGEMM {meta['sgemm_gflops']:.0f} GFLOP/s, "
-           f"exp {meta['exp_g_per_s']:.1f} G/s in this run), torch {meta['torch_version'] or 'absent'}.",
+           f"exp {meta['exp_g_per_s']:.1f} G/s in this run), torch {torch_text(meta)}.",
            "", "| n | d | H | path | engine us/step | steps/s | tiled path | NumPy RK4 loop | NumPy / engine |",
            "|---|---|---|---|---|---|---|---|---|"]
     for r in run.get("small", []):
@@ -454,13 +488,14 @@ def main(argv=None):
     memory = [{} if args.no_memory else memory_one(*cfg, args) for cfg in configs]
     import taichi as ti
     sgemm, exp_rate = machine_rates()
-    torch_version = None
+    torch_version = torch_threads = None
     if peers.torch_available() and not args.no_torch:
-        import torch
-        torch_version = torch.__version__
+        torch = import_torch()
+        torch_version, torch_threads = torch.__version__, torch.get_num_threads()
     meta = {"cpu_model": cpu_model(), "vector_width_bits": vector_width_bits(),
             "cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
             "taichi": ".".join(map(str, ti.__version__)), "torch_version": torch_version,
+            "torch_threads": torch_threads,
             "sgemm_gflops": sgemm / 1e9, "exp_g_per_s": exp_rate / 1e9,
             "min_time_s": args.min_time, "load_average_start": os.getloadavg(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
