@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -104,3 +105,91 @@ def test_finished_units_without_sweep_json_are_still_refused(tiny, tmp_path):
     (out / "sweep.json").unlink()
     with pytest.raises(Exception, match="lists finished units but sweep.json is missing"):
         run_sweep(path, out)
+
+
+# ----------------------------------------------------------------------------- Ray
+
+SLOW_UNITS = TINY.replace("n = 6", "n = 512").replace("steps = 10", "steps = 50000") \
+    .replace("times = [0.0, 1.0]", "times = [0.0, 500.0]").replace("batch = 2", "batch = 1")
+
+
+def _sweep_process(args, tmp_path):
+    import os
+    import subprocess
+    import sys
+    return subprocess.Popen([sys.executable, "-m", "particles", "sweep", *args], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, MPLBACKEND="Agg"))
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ray_banners_stay_out_of_the_output_unless_verbose(tiny, tmp_path):
+    pytest.importorskip("ray")
+    path, _ = tiny
+    quiet = _sweep_process([str(path), "--executor", "ray", "--workers", "1", "--out", "q"], tmp_path)
+    out, err = quiet.communicate(timeout=300)
+    assert quiet.returncode == 0, err[-2000:]
+    assert "WARNING" not in out + err and "Token authentication" not in out + err, err[-2000:]
+    assert "Started a local Ray instance" not in out + err
+    loud = _sweep_process([str(path), "--executor", "ray", "--workers", "1", "--out", "v",
+                           "--verbose"], tmp_path)
+    out, err = loud.communicate(timeout=300)
+    assert loud.returncode == 0 and "Started a local Ray instance" in out + err, err[-2000:]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="the watchdog reads /proc")
+def test_the_local_ray_cluster_does_not_outlive_a_sigkill_of_its_driver(tmp_path):
+    """Ray's agents outlived a killed driver by about 60 s (and its GCS, raylet and workers
+    die with it): within a few seconds none of the driver's processes is left."""
+    import os
+    import signal
+    import time
+    pytest.importorskip("ray")
+    from particles.app.sweep.executors import _processes_below
+    (tmp_path / "slow.toml").write_text(textwrap.dedent(SLOW_UNITS))
+    cluster = []
+    driver = _sweep_process(["slow.toml", "--executor", "ray", "--workers", "2", "--out", "s"], tmp_path)
+    try:
+        cluster = _cluster_when_running(driver, _processes_below)
+    finally:
+        if driver.poll() is None and not cluster:
+            driver.kill()
+    assert driver.poll() is None and cluster, "the sweep did not start its Ray tasks"
+    driver.send_signal(signal.SIGKILL)
+    driver.communicate(timeout=30)
+
+    def alive(pid, started):
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19] == started
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(alive(*p) for p in cluster):
+        time.sleep(0.2)
+    left = [(pid, Path(f"/proc/{pid}/comm").read_text().strip()) for pid, s in cluster if alive(pid, s)]
+    for pid, _ in left:   # never leave them behind, whatever the test says
+        os.kill(pid, signal.SIGKILL)
+    assert not left, left
+
+
+def _cluster_when_running(driver, processes_below):
+    """The driver's processes once a Ray task runs (the whole local cluster is up)."""
+    import time
+    deadline = time.monotonic() + 120
+    cluster = []
+    while time.monotonic() < deadline and driver.poll() is None:
+        cluster = processes_below(driver.pid)
+        names = []
+        for pid, _ in cluster:
+            try:
+                names.append(Path(f"/proc/{pid}/comm").read_text())
+            except OSError:
+                pass
+        if any("_ray_task" in n for n in names):
+            return cluster
+        time.sleep(0.2)
+    return []

@@ -406,6 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", help="Ray cluster address (default: start a local cluster)")
     p.add_argument("--out", metavar="DIR", help="sweep directory (default: sweeps/<name>)")
     p.add_argument("--workers", type=_positive_int, metavar="N", help="local process pool size")
+    p.add_argument("--verbose", action="store_true",
+                   help="show Ray's own messages and warnings too (default: only its errors)")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("reproduce", help="reproduce the paper's results and write a report",

@@ -28,7 +28,8 @@ def cli_sweep(args) -> int:
     t0 = time.perf_counter()
     try:
         table = run_sweep(sweep, out, executor=executor, address=getattr(args, "address", None),
-                          workers=getattr(args, "workers", None), echo=print)
+                          workers=getattr(args, "workers", None), echo=print,
+                          verbose=bool(getattr(args, "verbose", False)))
     except KeyboardInterrupt:
         print(f"interrupted; finished units are saved in {out}. Run the same command again to "
               "continue (finished units are skipped).")

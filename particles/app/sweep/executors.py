@@ -160,7 +160,7 @@ class RayExecutor:
     None: a local cluster with ``workers`` CPUs (default: all). At most ``workers`` tasks are in
     flight when given. A cluster this executor started is shut down by ``close``."""
 
-    def __init__(self, address: str | None = None, workers: int | None = None):
+    def __init__(self, address: str | None = None, workers: int | None = None, verbose: bool = False):
         try:
             import ray
         except ImportError:
@@ -171,9 +171,11 @@ class RayExecutor:
         self.ray = ray
         self.workers = workers
         self._started = False
+        self._watchdog = None
         if not ray.is_initialized():
-            kwargs = dict(include_dashboard=False, logging_level="WARNING", log_to_driver=False,
-                          configure_logging=True)
+            # Ray's banners and warnings (e.g. "Token authentication is enabled") only when asked
+            kwargs = dict(include_dashboard=False, logging_level="INFO" if verbose else "ERROR",
+                          log_to_driver=False, configure_logging=True)
             if address:
                 _check_reachable(address)
                 try:
@@ -191,6 +193,7 @@ class RayExecutor:
                         is_file=False, what="sweep option") from None
             else:
                 ray.init(num_cpus=int(workers or os.cpu_count() or 1), **kwargs)
+                self._watchdog = _start_watchdog()
             self._started = True
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.threads = 1 if address else max(1, (os.cpu_count() or 1) // max(1, workers or cpus))
@@ -217,9 +220,71 @@ class RayExecutor:
             self._pending = []
 
     def close(self) -> None:
+        if self._watchdog is not None:   # a clean end: the watchdog leaves the cluster to shutdown
+            try:
+                self._watchdog.communicate(b"done", timeout=5)
+            except Exception:  # noqa: BLE001 - best effort; shutdown below ends the cluster
+                pass
+            self._watchdog = None
         if self._started:
             self.ray.shutdown()
             self._started = False
+
+
+# Ray fate-shares its GCS and raylet with the driver (SIGKILL on the parent's death) and the
+# workers die with the raylet, but the raylet's agents (DashboardAgent, RuntimeEnvAgent) first
+# report the raylet's death to the dead GCS, with a fixed 60 s timeout (ray 2.x,
+# process_watcher.report_raylet_error_logs). The watchdog, a process of its own, holds a pipe
+# from the driver: at its end without "done" (the driver was killed) it kills the processes the
+# local cluster had when it started. Linux (/proc) only; elsewhere Ray's own fate-sharing.
+_WATCHDOG = """
+import os, signal, sys, time
+def start(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return None
+if sys.stdin.buffer.read() != b"done":
+    time.sleep(0.5)
+    for pair in sys.argv[1:]:
+        pid, started = pair.split(":")
+        if start(pid) == started:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+"""
+
+
+def _processes_below(root: int) -> list[tuple[int, str]]:
+    """(pid, start time) of every descendant of ``root`` (Linux /proc)."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            table[int(name)] = (int(fields[1]), fields[19])   # ppid, starttime
+    found, frontier = [], {root}
+    while frontier:
+        frontier = {pid for pid, (ppid, _) in table.items() if ppid in frontier}
+        found += [(pid, table[pid][1]) for pid in frontier]
+    return found
+
+
+def _start_watchdog():
+    """The watchdog of the local cluster this driver started (None where /proc is missing)."""
+    import subprocess
+    import sys
+    if not os.path.isdir("/proc/self"):
+        return None
+    pairs = [f"{pid}:{started}" for pid, started in _processes_below(os.getpid())]
+    return subprocess.Popen([sys.executable, "-c", _WATCHDOG, *pairs], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
 CONNECT_SECONDS = 10.0   # an unreachable Ray address is refused within this time
@@ -251,9 +316,10 @@ def _check_reachable(address: str, seconds: float = None) -> None:
             "it) and that the head node is up"], is_file=False, what="sweep option") from None
 
 
-def make_executor(kind: str, address: str | None = None, workers: int | None = None):
+def make_executor(kind: str, address: str | None = None, workers: int | None = None,
+                  verbose: bool = False):
     if kind == "ray":
-        return RayExecutor(address, workers)
+        return RayExecutor(address, workers, verbose)
     return LocalExecutor(workers)
 
 

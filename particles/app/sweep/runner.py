@@ -15,7 +15,8 @@ from .store import ResultStore
 
 
 def run_sweep(path, out_dir, executor: str = "local", address: str | None = None,
-              workers: int | None = None, *, echo: Callable[[str], None] | None = None) -> Path:
+              workers: int | None = None, *, echo: Callable[[str], None] | None = None,
+              verbose: bool = False) -> Path:
     """Run (or continue) a sweep into ``out_dir``; returns the path of ``results.csv``.
 
     path: a sweep file, a bundled sweep name, or a ``Sweep``.
@@ -23,6 +24,7 @@ def run_sweep(path, out_dir, executor: str = "local", address: str | None = None
     processes, each initialising Taichi once) or "ray" (``ray.init(address=address)``, or a
     local cluster with ``workers`` CPUs when address is None; each unit is one Ray task).
     Finished units (``units_done.txt``) are skipped, so rerunning a killed sweep continues it.
+    verbose: Ray's own messages (banners, warnings) too; without it only its errors.
     """
     sweep = load_sweep(path)
     if executor not in ("local", "ray"):
@@ -62,7 +64,7 @@ def run_sweep(path, out_dir, executor: str = "local", address: str | None = None
     runner = None
     try:
         if todo:
-            runner = ex_mod.make_executor(executor, address=address, workers=workers)
+            runner = ex_mod.make_executor(executor, address=address, workers=workers, verbose=verbose)
             for res in runner.map_unordered(todo):
                 rows = store.write_unit(res)
                 replicas_run += len(res["points"])
