@@ -352,7 +352,11 @@ def bench_small(n, d, H, args):
 
 
 def fmt(v, spec):
-    return "-" if v is None else format(v, spec)
+    """v formatted, or "-" in the same width."""
+    if v is None:
+        width = spec.split(".")[0]
+        return format("-", f">{width}") if width.isdigit() else "-"
+    return format(v, spec)
 
 
 def print_meta(meta):
