@@ -21,7 +21,6 @@ and the value accumulators (NSLOT x TR x (JBK + rv) vectors): no n x n matrix.
 """
 import functools
 import os
-import time
 
 import numpy as np
 import taichi as ti
@@ -47,12 +46,12 @@ def tuned(spec, n: int) -> tuning.Choice:
     real, d, H, r, rv, softmax_norm = spec
     dtype = "float32" if real == ti.f32 else "float64"
     key = tuning.shape_class(dtype, d, r, rv, softmax_norm, n)
-    return tuning.wide_tiles(dtype, key, lambda tiles: seconds_per_pass(spec, n, tiles))
+    return tuning.wide_tiles(dtype, key, lambda tiles: timed_pass(spec, n, tiles))
 
 
-def seconds_per_pass(spec, n: int, tiles: tuning.WideTiles) -> float:
-    """One evaluation's head passes with these tiles, compiled and warm, on random unit tokens
-    (at most MEASURE_MAX_N of them): the best of three."""
+def timed_pass(spec, n: int, tiles: tuning.WideTiles):
+    """One evaluation's head passes with these tiles on random unit tokens (at most
+    MEASURE_MAX_N of them), as a call that returns when the pass is done."""
     real, d, H, r, rv, _ = spec
     np_real = np.float32 if real == ti.f32 else np.float64
     n = min(n, MEASURE_MAX_N)
@@ -75,13 +74,7 @@ def seconds_per_pass(spec, n: int, tiles: tuning.WideTiles) -> float:
         heads(xs, Q, K, W, O, None, None, None, beta, None, None, None, f, row, False)
         ti.sync()
 
-    one_pass()   # compiles
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        one_pass()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    return one_pass
 
 
 class WideHeads:

@@ -2,7 +2,9 @@
 
 A choice that changes only speed (never which arithmetic is done, only its order) is picked
 the first time a shape class is used: each of a few candidates is compiled and timed on the
-real shape, the fastest is kept, and the pick is cached on disk under a key holding the CPU
+real shape (interleaved rounds, best of each, so a burst of load elsewhere hits all alike),
+another than the default is kept only when it is clearly faster (MARGIN), and the pick is
+cached on disk under a key holding the CPU
 (``machine.describe``), so a laptop and a cluster node each keep their own. Every candidate
 computes the same numbers to the dtype's tolerance (tests hold each to the float64 reference).
 
@@ -32,6 +34,8 @@ from .errors import ParticlesUserError
 
 ENV = "PARTICLES_TUNING"
 CACHE_ENV = "PARTICLES_TUNING_CACHE"
+ROUNDS = 3      # timed passes per candidate, interleaved
+MARGIN = 0.9    # another candidate replaces the default when it takes less than this fraction
 
 
 @dataclass(frozen=True)
@@ -90,9 +94,9 @@ def shape_class(dtype: str, d: int, r: int, rv: int, softmax: bool, n: int) -> s
             f"{'softmax' if softmax else 'exp'} n~{bucket}")
 
 
-def wide_tiles(dtype: str, key: str, measure: Callable[[WideTiles], float]) -> Choice:
-    """The tiles for one wide pass: overridden, cached, or measured now (``measure`` times one
-    candidate, compiled and warm, in seconds per pass)."""
+def wide_tiles(dtype: str, key: str, prepare: Callable[[WideTiles], Callable[[], None]]) -> Choice:
+    """The tiles for one wide pass: overridden, cached, or measured now (``prepare(tiles)``
+    compiles a candidate and returns one synchronous pass of it to time)."""
     mode = os.environ.get(ENV, "measure").strip()
     default = WIDE_CANDIDATES[dtype][0]
     if mode == "off":
@@ -107,13 +111,30 @@ def wide_tiles(dtype: str, key: str, measure: Callable[[WideTiles], float]) -> C
     by_label = {t.label: t for t in WIDE_CANDIDATES[dtype]}
     if label in by_label:
         return Choice(by_label[label], "cached")
-    seconds = {t.label: measure(t) for t in WIDE_CANDIDATES[dtype]}
-    best = min(WIDE_CANDIDATES[dtype], key=lambda t: seconds[t.label])
+    seconds = best_times(WIDE_CANDIDATES[dtype], prepare)
+    fastest = min(WIDE_CANDIDATES[dtype], key=lambda t: seconds[t.label])
+    best = fastest if seconds[fastest.label] < MARGIN * seconds[default.label] else default
     cache = _read(cache_path())   # another process may have written meanwhile
     cache[key] = {"choice": best.label, "seconds_per_pass": seconds,
                   "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
     _write(cache_path(), cache)
     return Choice(best, "measured")
+
+
+def best_times(candidates, prepare) -> dict[str, float]:
+    """Seconds per pass of each candidate: compiled and run once, then ROUNDS interleaved
+    timed passes, the best of each."""
+    passes = {}
+    for tiles in candidates:
+        passes[tiles.label] = prepare(tiles)
+        passes[tiles.label]()   # the first run compiles
+    seconds = {label: float("inf") for label in passes}
+    for _ in range(ROUNDS):
+        for label, one_pass in passes.items():
+            t0 = time.perf_counter()
+            one_pass()
+            seconds[label] = min(seconds[label], time.perf_counter() - t0)
+    return seconds
 
 
 def _read(path: Path) -> dict:

@@ -42,13 +42,28 @@ def measuring(tmp_path, monkeypatch):
     return tmp_path / "tuning.json"
 
 
-def test_the_fastest_candidate_is_kept_and_cached_under_this_cpu(measuring):
+@pytest.fixture
+def fake_clock(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: clock[0])
+    return clock
+
+
+def timed_by(fake_clock, seconds, prepared=None):
+    def prepare(tiles):
+        if prepared is not None:
+            prepared.append(tiles.label)
+
+        def one_pass():
+            fake_clock[0] += seconds[tiles.label]
+        return one_pass
+    return prepare
+
+
+def test_the_fastest_candidate_is_kept_and_cached_under_this_cpu(measuring, fake_clock):
     fake = {"16x3x6": 3.0, "8x3x6": 1.0, "16x2x4": 2.0}
     timed = []
-
-    def measure(tiles):
-        timed.append(tiles.label)
-        return fake[tiles.label]
+    measure = timed_by(fake_clock, fake, timed)
 
     key = tuning.shape_class("float32", 64, 64, 64, True, 3000)
     assert key.startswith(machine.describe(machine.fingerprint())) and "n~4096" in key
@@ -63,9 +78,32 @@ def test_the_fastest_candidate_is_kept_and_cached_under_this_cpu(measuring):
     assert tuning.wide_tiles("float32", other, measure).how == "measured"
 
 
-def test_a_damaged_cache_is_measured_again(measuring):
+def test_the_default_stays_unless_another_is_clearly_faster(measuring, fake_clock):
+    close = {"16x3x6": 1.0, "8x3x6": 0.95, "16x2x4": 1.2}
+    assert tuning.wide_tiles("float32", "a", timed_by(fake_clock, close)).tiles.label == "16x3x6"
+    clear = {"16x3x6": 1.0, "8x3x6": 0.8, "16x2x4": 1.2}
+    assert tuning.wide_tiles("float32", "b", timed_by(fake_clock, clear)).tiles.label == "8x3x6"
+
+
+def test_candidates_are_timed_in_interleaved_rounds_best_of_each(fake_clock):
+    """A burst of load during one round slows every candidate, not only the one timed then."""
+    order = []
+    base = {"16x3x6": 1.0, "8x3x6": 2.0}
+
+    def prepare(tiles):
+        def one_pass():
+            order.append(tiles.label)
+            loaded = 2 <= len(order) - 1 <= 3          # calls 0, 1 compile; 2, 3: a loaded round
+            fake_clock[0] += base[tiles.label] + (10.0 if loaded else 0.0)
+        return one_pass
+    seconds = tuning.best_times([tuning.WideTiles(16, 3, 6), tuning.WideTiles(8, 3, 6)], prepare)
+    assert order == ["16x3x6", "8x3x6"] * (1 + tuning.ROUNDS)   # compiled, then round by round
+    assert seconds == base
+
+
+def test_a_damaged_cache_is_measured_again(measuring, fake_clock):
     measuring.write_text("{not json")
-    choice = tuning.wide_tiles("float64", "k", lambda t: {"8x3x6": 2.0}.get(t.label, 1.0))
+    choice = tuning.wide_tiles("float64", "k", timed_by(fake_clock, {"8x3x6": 2.0, "4x3x6": 1.0, "8x2x4": 1.5}))
     assert choice.how == "measured" and choice.tiles.label != "8x3x6"
     assert json.loads(measuring.read_text())["k"]["choice"] == choice.tiles.label
 
@@ -83,7 +121,7 @@ def test_off_uses_the_defaults_without_measuring(monkeypatch):
 def test_a_bad_override_names_the_variable(monkeypatch, value, says):
     monkeypatch.setenv(tuning.ENV, value)
     with pytest.raises(ParticlesUserError, match=tuning.ENV) as err:
-        tuning.wide_tiles("float32", "k", lambda t: 1.0)
+        tuning.wide_tiles("float32", "k", lambda t: lambda: None)
     assert says in str(err.value)
 
 
