@@ -7,13 +7,12 @@ import numpy as np
 import taichi as ti
 
 from . import attention as attention_mod
-from . import backend, kernels, kernels_fused, kernels_gpu, paths
+from . import backend, kernels, kernels_fused, kernels_gpu, kernels_wide, paths
 from . import display
 from .attention import Attention
 from .clock import step_time
 from .drive import AT_END, Every, Rows, drive
 from .heads import Head
-from . import kernels_wide
 from .kernels_wide import WIDE_MIN_N, WideHeads
 from .integrators import ExplicitRK, get_integrator
 from .observables import assemble_rows
