@@ -36,6 +36,7 @@ ENV = "PARTICLES_TUNING"
 CACHE_ENV = "PARTICLES_TUNING_CACHE"
 ROUNDS = 3      # timed passes per candidate, interleaved
 MARGIN = 0.9    # another candidate replaces the default when it takes less than this fraction
+SETTLE_S = 0.2  # a pause before timing: OpenBLAS's threads spin ~0.1 s after NumPy's last matmul
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ def best_times(candidates, prepare) -> dict[str, float]:
         passes[tiles.label] = prepare(tiles)
         passes[tiles.label]()   # the first run compiles
     seconds = {label: float("inf") for label in passes}
+    time.sleep(SETTLE_S)
     for _ in range(ROUNDS):
         for label, one_pass in passes.items():
             t0 = time.perf_counter()

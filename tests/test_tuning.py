@@ -46,6 +46,7 @@ def measuring(tmp_path, monkeypatch):
 def fake_clock(monkeypatch):
     clock = [0.0]
     monkeypatch.setattr(tuning.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(tuning.time, "sleep", lambda s: None)
     return clock
 
 
