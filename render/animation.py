@@ -28,7 +28,7 @@ from .colors import CLUSTER_LEGEND, TokenColorizer, cluster_count
 from .config import RenderConfig, RunInfo
 from .layout import compute_layout
 from .panels import PanelSet, available_panels
-from .views import make_view, plan_views, project, resolve_view
+from .views import make_view, plan_views, project, resolve_view, token_labels_note
 from .writers import FORMATS, open_writer
 
 DEFAULT_SIZE = (1280, 720)       # RenderConfig's default width, height
@@ -166,6 +166,8 @@ class Animation:
             notes.append(f"{k} cluster{'' if k == 1 else 's'}")
         if self._colorizer.mode == "cluster":
             notes.append(CLUSTER_LEGEND)
+        if (unlabelled := token_labels_note(self.info)) is not None:
+            notes.append(unlabelled)
         self._time_text.set_text(stamp)
         self._info_text.set_text("   \u00b7   ".join(notes))
         frame = self._render(dirty, panels_dirty)
@@ -222,7 +224,8 @@ class Animation:
         fig.text(10 * u / W, y_title, info.title(), ha="left", va="center", fontsize=14, fontweight="bold")
         self._time_text = fig.text(1.0 - 14 * u / W, y_title, "", ha="right", va="center", fontsize=14,
                                    family="DejaVu Sans Mono", animated=True)
-        # the second line: the layer in force (its rule and mask), the cluster count, what colours mean
+        # the second line: the layer in force (its rule and mask), the cluster count, what colours mean,
+        # token labels left out
         self._info_text = fig.text(10 * u / W, y_title - 22 * u / H, "", ha="left", va="center", fontsize=9,
                                    color="0.25", animated=True)
         self._fig, self._canvas = fig, canvas

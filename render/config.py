@@ -132,6 +132,8 @@ class RunInfo:
     view="heads": k = 3 is drawn in 3-D, otherwise the first 2 columns; k = 1 is completed
     with the tokens' main direction orthogonal to it).
     t_end: the run's final time if known (fixes the panels' time axis).
+    token_labels: optional, one string per token (a text scene's tokenizer strings); the
+    frames label each token with its string when n is small enough to read them.
     """
 
     name: str
@@ -145,6 +147,7 @@ class RunInfo:
     t_end: float | None = None
     layer_labels: tuple | None = None   # a layer schedule: what each layer runs ("rule = relu, causal")
     mask: str | tuple = "none"   # the heads' mask ("mixed" where they differ), or one per layer
+    token_labels: tuple | None = None
     log_n: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -191,6 +194,12 @@ class RunInfo:
             if self.layer_labels is not None and len(masks) != len(self.layer_labels):
                 raise ValueError(f"RunInfo.mask has {len(masks)} layers' masks, layer_labels {len(self.layer_labels)}")
             self.mask = masks
+        if self.token_labels is not None:
+            labels = (self.token_labels,) if isinstance(self.token_labels, str) else tuple(self.token_labels)
+            if len(labels) != self.n or not all(isinstance(s, str) for s in labels):
+                raise ValueError(f"RunInfo.token_labels must be one string per token (n = {self.n}), "
+                                 f"got {self.token_labels!r:.200}")
+            self.token_labels = labels
         self.log_n = math.log(self.n)
 
     def mask_in_force(self, layer: int | None = None) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+from matplotlib import patheffects
 from matplotlib.collections import LineCollection
 
 from .colors import blend
@@ -20,6 +21,8 @@ from .sphere import SPHERE_RGB, Camera, shaded_disk, wireframe
 EDGE_RGBA = (0.08, 0.08, 0.12, 0.55)
 FIRST_TOKEN_LABEL = "token 0, seen by every token (causal mask)"
 ROTATION_DEG_PER_S = 12.0         # camera turn rate with rotate=True (a turn in 30 s)
+TOKEN_LABELS_MAX = 48             # more tokens' strings than this overlap into an unreadable blot
+TOKEN_LABEL_CHARS = 12
 
 
 # --------------------------------------------------------------------------- planning
@@ -194,12 +197,49 @@ class FirstTokenMarker:
         return changed and self.legend is not None
 
 
+def token_labels_shown(info: RunInfo) -> bool:
+    """Are the tokens' strings drawn beside them (known, and few enough to read)?"""
+    return info.token_labels is not None and info.n <= TOKEN_LABELS_MAX
+
+
+def token_labels_note(info: RunInfo) -> str | None:
+    """The caption's word on strings known but not drawn (too many tokens), else None."""
+    if info.token_labels is None or token_labels_shown(info):
+        return None
+    return f"token labels are shown only up to {TOKEN_LABELS_MAX} tokens (n = {info.n})"
+
+
+def clip_label(text: str, chars: int = TOKEN_LABEL_CHARS) -> str:
+    return text if len(text) <= chars else text[:chars - 1] + "\u2026"
+
+
+class TokenLabels:
+    """Each token's string beside its dot: small, offset up and right of it by a few points,
+    outlined in white so it reads on the shaded sphere; faded for tokens behind it."""
+
+    def __init__(self, ax, strings: Sequence[str]):
+        outline = [patheffects.withStroke(linewidth=2.0, foreground="white")]
+        self.texts = [ax.annotate(clip_label(s), (0.0, 0.0), xytext=(3, 3), textcoords="offset points",
+                                  fontsize=7, color="0.1", ha="left", va="bottom", zorder=7,
+                                  annotation_clip=False, parse_math=False, path_effects=outline,
+                                  animated=True)
+                      for s in strings]
+
+    def place(self, xy: np.ndarray, behind: np.ndarray | None = None) -> None:
+        for k, (text, p) in enumerate(zip(self.texts, xy)):
+            finite = bool(np.all(np.isfinite(p)))
+            text.set_visible(finite)
+            if finite:
+                text.xy = (float(p[0]), float(p[1]))
+            text.set_alpha(0.45 if behind is not None and behind[k] else 1.0)
+
+
 # --------------------------------------------------------------------------- 2-D
 class Disk2DView:
     """2-D scatter. Sphere geometry: fixed limits with the unit circle; flat: auto limits."""
 
     def __init__(self, ax, spec: SubviewSpec, n: int, axes_px: float, trails: int,
-                 first_token: FirstTokenMarker | None = None):
+                 first_token: FirstTokenMarker | None = None, labels: TokenLabels | None = None):
         self.ax = ax
         self.spec = spec
         self.size = base_point_size(n, axes_px)
@@ -238,10 +278,12 @@ class Disk2DView:
         self.scatter = ax.scatter(np.zeros(n), np.zeros(n), s=self.size, edgecolors=[EDGE_RGBA],
                                   linewidths=0.4, animated=True, zorder=4)
         self.first_token = first_token
+        self.labels = labels
 
     def dynamic_artists(self):
         ring = self.first_token.ring if self.first_token is not None else None
-        return [a for a in (self.trails, self.scatter, ring) if a is not None]
+        texts = self.labels.texts if self.labels is not None else []
+        return [a for a in (self.trails, self.scatter, ring) if a is not None] + texts
 
     def _auto_limits(self, pts: np.ndarray) -> bool:
         fin = pts[np.all(np.isfinite(pts), axis=1)]
@@ -272,6 +314,8 @@ class Disk2DView:
         self.scatter.set_facecolors(colors)
         if self.first_token is not None:
             self.first_token.place(pts[0])
+        if self.labels is not None:
+            self.labels.place(pts)
         return dirty
 
 
@@ -282,7 +326,7 @@ class Ball3DView:
 
     def __init__(self, ax, spec: SubviewSpec, n: int, axes_px: float, trails: int,
                  rotate: bool, fps: float, elev: float = 20.0, azim: float = -60.0,
-                 first_token: FirstTokenMarker | None = None):
+                 first_token: FirstTokenMarker | None = None, labels: TokenLabels | None = None):
         self.ax = ax
         self.spec = spec
         self.size = base_point_size(n, axes_px)
@@ -332,12 +376,15 @@ class Ball3DView:
         self.front = ax.scatter(np.zeros(n), np.zeros(n), s=self.size, edgecolors=[EDGE_RGBA],
                                 linewidths=0.4, animated=True, zorder=4)
         self.first_token = first_token
+        self.labels = labels
 
     def dynamic_artists(self):
         arts = [self.wire_back, self.back, self.trails, self.wire_front, self.front,
                 self.first_token.ring if self.first_token is not None else None]
         if self.flat:
             arts += [self.tripod, *self.tripod_labels]
+        if self.labels is not None:
+            arts += self.labels.texts
         return [a for a in arts if a is not None]
 
     def _flat_frame(self, pts: np.ndarray) -> bool:
@@ -406,6 +453,8 @@ class Ball3DView:
         self.front.set_sizes(self.size * (0.85 + 0.25 * dnorm[fi]))
         if self.first_token is not None:
             self.first_token.place(proj[0, :2], behind=bool(depth[0] < 0))
+        if self.labels is not None:
+            self.labels.place(proj[:, :2], behind=depth < 0)
         if self.trails is not None and len(hist) > 1:
             P = [self.camera.project(h) for h in hist]
             seg, cols, seg_depth = trail_segments([p[:, :2] for p in P], colors,
@@ -421,10 +470,11 @@ class Ball3DView:
 def make_view(ax, spec: SubviewSpec, config: RenderConfig, info: RunInfo, axes_px: float,
               legend: bool = True):
     """The view of one particle panel; where a layer's mask is causal, token 0 is ringed (the
-    legend entry in the panel with ``legend``)."""
+    legend entry in the panel with ``legend``); known token strings label the tokens."""
     first = (FirstTokenMarker(ax, base_point_size(info.n, axes_px), legend) if info.ever_causal
              else None)
+    labels = TokenLabels(ax, info.token_labels) if token_labels_shown(info) else None
     if spec.dim == 3:
         return Ball3DView(ax, spec, info.n, axes_px, config.trails, config.rotate, config.fps,
-                          first_token=first)
-    return Disk2DView(ax, spec, info.n, axes_px, config.trails, first_token=first)
+                          first_token=first, labels=labels)
+    return Disk2DView(ax, spec, info.n, axes_px, config.trails, first_token=first, labels=labels)

@@ -239,6 +239,12 @@ class Scene:
         f = self.data["dynamics"].get("rule_file")
         return None if f is None else Path(f)
 
+    def token_strings(self) -> tuple[str, ...] | None:
+        """The tokens' strings of a text scene (init = "text"), one per token, as the model's
+        tokenizer gave them when the scene was validated (recorded as [tokens] strings); else None."""
+        strings = self.data["tokens"].get("strings")
+        return None if strings is None else tuple(strings)
+
     def head_bases(self) -> list[np.ndarray | None]:
         """Per head, an orthonormal d x k basis of its subspace (subspace and near_orthogonal
         heads), else None; for views that project onto each head's subspace."""

@@ -42,7 +42,7 @@ def run_info(scene, heads, beta: float) -> RunInfo:
     return RunInfo(name=scene.name, beta=float(beta), rule=scene.dynamics.rule, n_heads=len(heads),
                    n=scene.tokens.n, d=scene.tokens.d, geometry=scene.dynamics.geometry,
                    head_bases=head_bases(heads), layer_labels=labels,
-                   mask=masks if labels else masks[0])
+                   mask=masks if labels else masks[0], token_labels=scene.token_strings())
 
 
 def layer_masks(scene) -> tuple:
