@@ -215,23 +215,41 @@ def clip_label(text: str, chars: int = TOKEN_LABEL_CHARS) -> str:
 
 class TokenLabels:
     """Each token's string beside its dot: small, offset up and right of it by a few points,
-    outlined in white so it reads on the shaded sphere; faded for tokens behind it."""
+    outlined in white so it reads on the shaded sphere; faded for tokens behind it. Tokens on
+    one spot (a cluster) share one label, the first one's string and how many more: "cat +3"."""
+
+    FONT_PT = 7.0
 
     def __init__(self, ax, strings: Sequence[str]):
+        self.ax = ax
+        self.strings = [clip_label(s) for s in strings]
         outline = [patheffects.withStroke(linewidth=2.0, foreground="white")]
-        self.texts = [ax.annotate(clip_label(s), (0.0, 0.0), xytext=(3, 3), textcoords="offset points",
-                                  fontsize=7, color="0.1", ha="left", va="bottom", zorder=7,
-                                  annotation_clip=False, parse_math=False, path_effects=outline,
-                                  animated=True)
-                      for s in strings]
+        self.texts = [ax.annotate(s, (0.0, 0.0), xytext=(3, 3), textcoords="offset points",
+                                  fontsize=self.FONT_PT, color="0.1", ha="left", va="bottom",
+                                  zorder=7, annotation_clip=False, parse_math=False,
+                                  path_effects=outline, animated=True)
+                      for s in self.strings]
 
     def place(self, xy: np.ndarray, behind: np.ndarray | None = None) -> None:
-        for k, (text, p) in enumerate(zip(self.texts, xy)):
-            finite = bool(np.all(np.isfinite(p)))
-            text.set_visible(finite)
-            if finite:
-                text.xy = (float(p[0]), float(p[1]))
-            text.set_alpha(0.45 if behind is not None and behind[k] else 1.0)
+        xy = np.asarray(xy, dtype=float)
+        finite = np.all(np.isfinite(xy), axis=1)
+        pix = self.ax.transData.transform(np.where(finite[:, None], xy, 0.0))
+        merge_px = 0.5 * self.FONT_PT * self.ax.figure.dpi / 72.0
+        anchors: list[int] = []
+        joined = np.zeros(len(xy), dtype=int)      # per anchor: how many tokens share its spot
+        for k in np.flatnonzero(finite):
+            near = [a for a in anchors if np.abs(pix[k] - pix[a]).max() <= merge_px]
+            if near:
+                joined[near[0]] += 1
+            else:
+                anchors.append(int(k))
+        shown = set(anchors)
+        for k, text in enumerate(self.texts):
+            text.set_visible(k in shown)
+            if k in shown:
+                text.xy = (float(xy[k, 0]), float(xy[k, 1]))
+                text.set_text(self.strings[k] + (f" +{joined[k]}" if joined[k] else ""))
+                text.set_alpha(0.45 if behind is not None and behind[k] else 1.0)
 
 
 # --------------------------------------------------------------------------- 2-D

@@ -135,3 +135,19 @@ def test_run_and_rerender_of_a_text_scene_label_the_tokens(tmp_path, monkeypatch
     names = {name for name, _ in seen}
     assert len(names) == 2 and "again.gif" in names
     assert all(labels == TINY_STRINGS for _, labels in seen)
+
+
+def test_tokens_on_one_spot_share_one_label(tmp_path):
+    """A cluster's labels would pile into a blot: the first token's string says how many more."""
+    info = RunInfo("text", 1.0, "softmax", 1, 4, 2, token_labels=("the", "cat", "sat", "mat"))
+    x = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1e-4], [1.0, -1e-4]])
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    anim = Animation(tmp_path / "v.mp4", RenderConfig(**SMALL), info, t_end=1.0)
+    anim.add_frame(x, 0.0, {"time": np.array([0.0])})
+    texts = anim._views[0].labels.texts
+    assert [(t.get_visible(), t.get_text()) for t in texts][:2] == [(True, "the +2"), (True, "cat")]
+    assert not texts[2].get_visible() and not texts[3].get_visible()
+    anim.add_frame(np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]]), 0.5,
+                   {"time": np.array([0.0, 0.5])})         # apart again: each its own label
+    assert [(t.get_visible(), t.get_text()) for t in texts] == [(True, s) for s in ("the", "cat", "sat", "mat")]
+    anim.close()
