@@ -267,8 +267,10 @@ def test_position_aware_rule_registration_is_checked():
     assert rule.positional and not rule.has_potential
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("mask, window", [("causal", None), ("window", 37), ("causal_window", 90)])
+# the fast tier: every mask in float32, float64 with the causal one
+@pytest.mark.parametrize("mask, window, dtype", [
+    pytest.param(mask, window, dtype, marks=() if dtype == "float32" or mask == "causal" else pytest.mark.slow)
+    for dtype in ("float32", "float64") for mask, window in (("causal", None), ("window", 37), ("causal_window", 90))])
 def test_masked_exponential_heads_take_the_tiled_cpu_path(mask, window, dtype):
     """Masks alone keep exp/softmax heads on the tiled CPU path (large tiles at n = 300: the
     key blocks outside a row tile's band are skipped, edge blocks masked); against the
@@ -291,8 +293,10 @@ def test_masked_exponential_heads_take_the_tiled_cpu_path(mask, window, dtype):
     assert type(mixed._heads).__name__ == "PlainHeads"  # one pass per rule: the plain kernels
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("n", [13, 300])
+# the fast tier: small tiles in float64, large tiles in float32
+@pytest.mark.parametrize("n, dtype", [
+    pytest.param(n, dtype, marks=() if (n, dtype) in ((13, "float64"), (300, "float32")) else pytest.mark.slow)
+    for n in (13, 300) for dtype in ("float32", "float64")])
 def test_alibi_and_head_betas_on_the_tiled_cpu_path(n, dtype):
     """ALiBi slopes (with and without a mask) and per-head betas on the tiled path."""
     d, beta = 4, 1.3
