@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import machine
+from .atomic import atomic_write_text
 from .errors import ParticlesUserError
 
 ENV = "PARTICLES_TUNING"
@@ -98,7 +99,7 @@ def shape_class(dtype: str, d: int, r: int, rv: int, softmax: bool, n: int) -> s
 def wide_tiles(dtype: str, key: str, prepare: Callable[[WideTiles], Callable[[], None]]) -> Choice:
     """The tiles for one wide pass: overridden, cached, or measured now (``prepare(tiles)``
     compiles a candidate and returns one synchronous pass of it to time)."""
-    mode = os.environ.get(ENV, "measure").strip()
+    mode = os.environ.get(ENV, "").strip() or "measure"   # set but empty: as unset
     default = WIDE_CANDIDATES[dtype][0]
     if mode == "off":
         return Choice(default, "default")
@@ -107,10 +108,10 @@ def wide_tiles(dtype: str, key: str, prepare: Callable[[WideTiles], Callable[[],
     if mode != "measure":
         raise ParticlesUserError(f"{ENV}={mode!r} is not allowed: 'measure' (the default), 'off', "
                                  "or 'wide=LANESxROWSxCOLS'")
-    cache = _read(cache_path())
-    label = cache.get(key, {}).get("choice")
+    entry = _read(cache_path()).get(key)
+    label = entry.get("choice") if isinstance(entry, dict) else None
     by_label = {t.label: t for t in WIDE_CANDIDATES[dtype]}
-    if label in by_label:
+    if isinstance(label, str) and label in by_label:   # anything else: measured again
         return Choice(by_label[label], "cached")
     seconds = best_times(WIDE_CANDIDATES[dtype], prepare)
     fastest = min(WIDE_CANDIDATES[dtype], key=lambda t: seconds[t.label])
@@ -148,11 +149,10 @@ def _read(path: Path) -> dict:
 
 
 def _write(path: Path, data: dict) -> None:
-    """Best effort: a cache that cannot be written costs a measurement next time, nothing else."""
+    """Best effort: a cache that cannot be written (or is a link) costs a measurement next
+    time, nothing else."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, path)
-    except OSError:
+        atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
+    except OSError:   # SymlinkRefused included
         pass

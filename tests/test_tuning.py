@@ -140,3 +140,25 @@ def test_measuring_times_real_passes_and_the_pick_is_used(measuring):
 def test_small_simulations_have_no_tuned_choice():
     sim = particles.Simulation(random_tokens(8, 3), general_heads(1, 3))
     assert sim.tuning == "-"
+
+
+@pytest.mark.parametrize("entry", ["x", {"choice": 5}, {"choice": [1]}, {"choice": "99x9x9"}, None])
+def test_a_cache_entry_of_the_wrong_kind_is_measured_again(measuring, fake_clock, entry):
+    measuring.write_text(json.dumps({"k": entry}))
+    choice = tuning.wide_tiles("float32", "k", timed_by(fake_clock, {"16x3x6": 1.0, "8x3x6": 2.0, "16x2x4": 2.0}))
+    assert (choice.tiles.label, choice.how) == ("16x3x6", "measured")
+
+
+def test_an_empty_override_is_the_default_mode(measuring, fake_clock, monkeypatch):
+    monkeypatch.setenv(tuning.ENV, " ")
+    assert tuning.wide_tiles("float32", "k", timed_by(fake_clock, {"16x3x6": 1.0, "8x3x6": 2.0,
+                                                                   "16x2x4": 2.0})).how == "measured"
+
+
+def test_the_cache_is_never_written_through_a_link(measuring, fake_clock, tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    measuring.symlink_to(outside)
+    choice = tuning.wide_tiles("float32", "k", timed_by(fake_clock, {"16x3x6": 1.0, "8x3x6": 2.0, "16x2x4": 2.0}))
+    assert choice.how == "measured" and outside.read_text() == "keep me" and measuring.is_symlink()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
