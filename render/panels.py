@@ -25,15 +25,18 @@ COINCIDENT_DASH = (0, (4, 3))   # a head's curve drawn over an equal earlier one
 
 
 def coincident_with(curves) -> list[int | None]:
-    """For each curve, the position of the first earlier curve it equals (within 1e-5 relative,
-    NaN where the other is NaN), else None. A curve with no finite value equals none: nothing of
-    it is drawn, so there is nothing to hide."""
+    """For each curve, the position of the first earlier curve it equals (within 1e-5 of the
+    curve's largest value, so that round-off in its smallest values does not part two curves
+    drawn one over the other; NaN where the other is NaN), else None. A curve with no finite
+    value equals none: nothing of it is drawn, so there is nothing to hide."""
     out: list[int | None] = []
     for i, y in enumerate(curves):
         same = None
-        if np.isfinite(y).any():
+        finite = np.abs(np.asarray(y, dtype=float))[np.isfinite(y)]
+        if finite.size:
+            scale = 1e-5 * float(finite.max())
             same = next((j for j in range(i) if out[j] is None and np.shape(curves[j]) == np.shape(y)
-                         and np.allclose(y, curves[j], rtol=1e-5, atol=0, equal_nan=True)), None)
+                         and np.allclose(y, curves[j], rtol=1e-5, atol=scale, equal_nan=True)), None)
         out.append(same)
     return out
 

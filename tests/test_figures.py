@@ -250,3 +250,16 @@ def test_the_app_passes_each_layers_mask_to_the_video():
     assert masks == {"quickstart": "none", "causal_kpr": "causal", "three_layers": ("none", "none", "causal")}
     two = load_scene("quickstart", overrides=['heads.mask="causal"'])   # heads' own masks count too
     assert run_info(two, two.build_heads(), 1.0).mask == "causal"
+
+
+def test_curves_equal_but_for_round_off_in_their_tail_count_as_one():
+    """The quickstart's identical heads log energy rates that part at ~1e-8 of their peak as
+    the tokens merge (round-off): still one curve drawn over the other, so dashed and named."""
+    from render.panels import coincident_with
+    t = np.linspace(0, 25, 200)
+    rate = 0.06 * np.exp(-t / 1.5)                                       # 3e-9 at the end
+    twin = rate.copy()
+    twin[-5:] = rate[-5:] * (1 + np.array([0.3, -0.2, 0.5, 2.0, -0.7]))   # the tail parts
+    assert coincident_with([rate, twin]) == [None, 0]
+    other = rate * 1.01
+    assert coincident_with([rate, other]) == [None, None]
