@@ -24,6 +24,8 @@ import numpy as np
 from particles.drive import AT_END, Every, Writer
 from particles.output import RunFileError, atomic_write_bytes, check_log_prefix, count_frames
 
+from .run_dir import read_run_json
+
 CHECKPOINT = "checkpoint.npz"
 PREVIOUS_CHECKPOINT = "previous-checkpoint.npz"
 UNUSABLE = "unusable-checkpoint.npz"
@@ -221,8 +223,7 @@ def read_checkpoint(run_dir: Path, echo=print, **context) -> tuple[np.ndarray, d
                      f"instead (the unusable one is kept as {UNUSABLE})")
         return tokens, state
     if all(r.endswith(": missing") for r in reasons):
-        status = _run_status(run_dir)
-        if status == "completed":
+        if read_run_json(run_dir).get("status") == "completed":
             raise RunFileError(
                 f"{str(run_dir)!r} holds a completed run without a checkpoint: it is complete, "
                 "and extending it with `particles resume --steps N` needs the final checkpoint a "
@@ -234,14 +235,6 @@ def read_checkpoint(run_dir: Path, echo=print, **context) -> tuple[np.ndarray, d
                            "writes one)")
     raise RunFileError(f"cannot resume {str(run_dir)!r}: no usable checkpoint. "
                        + "; ".join(reasons))
-
-
-def _run_status(run_dir: Path):
-    try:
-        info = json.loads((Path(run_dir) / "run.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return info.get("status") if isinstance(info, dict) else None
 
 
 class CheckpointWriter(Writer):

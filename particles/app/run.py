@@ -38,7 +38,7 @@ from .checkpoint import (CheckpointWriter, content_hashes, read_checkpoint, scen
 from .interrupts import DeferredInterrupts
 from .progress import Progress
 from .run_dir import (RunDirError, RunDirLock, claim_for_new_run, clear_run, describe_os_error,
-                      is_machine_fault, new_run_dir)
+                      is_machine_fault, new_run_dir, read_run_json)
 from .run_writers import LogCsv, Trajectory, Video
 from .summary import Summary, energy_note, frame_note, frames_of
 
@@ -103,11 +103,8 @@ def _segments_kept(run_dir: Path, resume_step: int) -> list[dict]:
     first and last step, versions and machine), as far as the files still hold them when it
     resumes from ``resume_step``. A run.json from before segments were recorded counts as
     one segment, from step 0, with its versions."""
-    try:
-        info = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
-        return []
-    if not isinstance(info, dict):
+    info = read_run_json(run_dir)
+    if not info:
         return []
     segments = info.get("segments")
     if not isinstance(segments, list):
@@ -430,12 +427,9 @@ def _steps_done(run_dir: Path, steps_total: int | None = None) -> int | None:
     cannot be read is left to the checkpoint checks); None when neither can say."""
     from .checkpoint import CHECKPOINT, _read
     found = []
-    try:
-        done = json.loads((run_dir / "run.json").read_text()).get("steps_done")
-        if type(done) is int:
-            found.append(done)
-    except (OSError, ValueError, AttributeError):
-        pass
+    done = read_run_json(run_dir).get("steps_done")
+    if type(done) is int:
+        found.append(done)
     try:
         step = _read(run_dir / CHECKPOINT)[1].get("step")
         if type(step) is int and 0 <= step <= (steps_total if steps_total is not None else step):

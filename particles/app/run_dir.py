@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import time
@@ -31,6 +32,16 @@ def holds_run(folder: Path) -> bool:
     """True when ``folder`` holds (part of) a run: any file a run writes is there."""
     folder = Path(folder)
     return any(os.path.lexists(folder / name) for name in RUN_FILES[:7])
+
+
+def read_run_json(folder: Path) -> dict:
+    """A run folder's run.json as a dict; {} when it is absent, unreadable or not an object
+    (its readers then fall back on what else the folder says)."""
+    try:
+        info = json.loads((Path(folder) / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 def new_run_dir(scene, out: str | Path | None) -> Path:
