@@ -32,8 +32,20 @@ def particles_cli(*args, cwd=None) -> Completed:
 
 
 def particles_process(*args, cwd=None, timeout=300, env=None) -> Completed:
-    """`python -m particles ARGS` in a child process."""
-    env = dict(os.environ, MPLBACKEND="Agg", **(env or {}))
-    proc = subprocess.run([sys.executable, "-m", "particles", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, timeout=timeout, env=env)
-    return Completed(proc.returncode, proc.stdout, proc.stderr)
+    """`python -m particles ARGS` in a child process, to its end."""
+    proc = start_particles(*args, cwd=cwd, env=env)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return Completed(proc.returncode, stdout, stderr)
+
+
+def start_particles(*args, cwd=None, env=None) -> subprocess.Popen:
+    """`python -m particles ARGS` started in a child process (its output piped, as text), for
+    a test that signals it or runs another beside it."""
+    return subprocess.Popen([sys.executable, "-m", "particles", *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                            env=dict(os.environ, MPLBACKEND="Agg", **(env or {})))

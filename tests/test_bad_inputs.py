@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from particles.app.cli import main
 from scenes import Scene, SceneError, load_scene
+from cli_runner import start_particles
 
 
 def run_cli(capsys, *argv):
@@ -150,11 +151,8 @@ def test_sigterm_or_sigint_at_a_random_moment_ends_cleanly(tmp_path):
     rng = np.random.default_rng(int(time.time()))
     for i, sig in enumerate((signal.SIGTERM, signal.SIGINT)):
         out = tmp_path / f"r{i}"
-        proc = subprocess.Popen([sys.executable, "-m", "particles", "run", "quickstart", "--out", str(out),
-                                 "--steps", "300", "--no-render", "--quiet", "--checkpoint-every", "50",
-                                 "--set", "tokens.n=16", "--set", "log.every=1"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=dict(os.environ, MPLBACKEND="Agg"))
+        proc = start_particles("run", "quickstart", "--out", out, "--steps", 300, "--no-render", "--quiet",
+                               "--checkpoint-every", 50, "--set", "tokens.n=16", "--set", "log.every=1")
         delay = float(rng.uniform(0.2, 2.5))   # after Python's own start-up (~50 ms)
         time.sleep(delay)
         proc.send_signal(sig)

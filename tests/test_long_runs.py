@@ -1,8 +1,5 @@
 """Long runs lose nothing: resume is bitwise, interrupts keep everything, reruns are identical."""
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -11,6 +8,7 @@ import pytest
 from particles.output import load_log, load_trajectory
 from particles.app.run import resume_run, run_scene
 from scenes import load_scene
+from cli_runner import start_particles
 
 QUIET = dict(render=False, progress=False, echo=lambda *a: None)
 
@@ -45,9 +43,8 @@ def test_same_scene_and_seed_give_the_same_log(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_sigint_and_sigterm_end_the_run_cleanly(tmp_path, sig):
     out = tmp_path / sig.name
-    proc = subprocess.Popen([sys.executable, "-m", "particles", "run", "quickstart", "--out", str(out),
-                             "--steps", "1000000", "--no-render", "--set", "log.every=1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_particles("run", "quickstart", "--out", out, "--steps", 1000000, "--no-render",
+                           "--set", "log.every=1")
     log = out / "log.csv"
     deadline = time.time() + 120
     while time.time() < deadline and (not log.exists() or log.read_text().count("\n") < 20):

@@ -4,12 +4,12 @@ import errno
 import json
 import os
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
+from cli_runner import particles_cli, start_particles
 from particles.app.run import resume_run, run_scene
 from particles.app.run_dir import RunDirError, RunDirLock
 from particles.atomic import SymlinkRefused
@@ -28,12 +28,6 @@ def tiny(steps=20, seed=0, **extra):
 def read_checkpoint_step(run_dir) -> int:
     from particles.app.checkpoint import CHECKPOINT, _read
     return _read(run_dir / CHECKPOINT)[1]["step"]
-
-
-def cli(*args, **kwargs):
-    env = dict(os.environ, MPLBACKEND="Agg")
-    return subprocess.Popen([sys.executable, "-m", "particles", *map(str, args)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
 # ----------------------------------------------------------------------------- one run per folder
@@ -78,12 +72,12 @@ def test_a_locked_folder_is_refused_and_a_stale_lock_is_not(tmp_path):
 def test_two_processes_on_one_folder(tmp_path):
     """The second of two runs started on the same --out exits 2; the first is unharmed."""
     out = tmp_path / "R"
-    first = cli("run", "quickstart", "--out", out, "--steps", 10**6, "--no-render", "--quiet",
+    first = start_particles("run", "quickstart", "--out", out, "--steps", 10**6, "--no-render", "--quiet",
                 "--set", "tokens.n=8", "--set", "log.every=1")
     deadline = time.time() + 120
     while time.time() < deadline and not (out / "run.json").exists():
         time.sleep(0.1)
-    second = cli("run", "quickstart", "--out", out, "--steps", 10, "--no-render", "--quiet")
+    second = start_particles("run", "quickstart", "--out", out, "--steps", 10, "--no-render", "--quiet")
     _, err2 = second.communicate(timeout=120)
     first.send_signal(2)
     _, err1 = first.communicate(timeout=120)
@@ -169,7 +163,6 @@ def test_atomic_writes_refuse_a_link_instead_of_following_it(tmp_path, victim):
 
 
 def test_plot_and_render_refuse_a_planted_link(tmp_path, victim):
-    from cli_runner import particles_cli
     out = tmp_path / "R"
     run_scene(tiny(20), out, **QUIET)
     (out / "summary.png").symlink_to(victim / "precious.txt")
@@ -235,7 +228,6 @@ def test_a_full_disk_fails_the_run_clearly_and_keeps_what_was_written(small_disk
 
 
 def test_out_that_cannot_be_a_run_directory_exits_2(tmp_path):
-    from cli_runner import particles_cli
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")
     long_name = tmp_path / ("n" * 300)
@@ -271,7 +263,6 @@ def test_out_is_the_run_folder_and_output_dir_its_parent(tmp_path):
 
 
 def test_out_given_a_folder_of_runs_says_it_is_the_run_folder_itself(tmp_path):
-    from cli_runner import particles_cli
     _a_run_in(tmp_path / "runs" / "quickstart-20260101-000000")
     proc = particles_cli("run", "quickstart", "--out", tmp_path / "runs", "--steps", 5, "--no-render")
     said = " ".join(proc.stderr.split())
@@ -281,7 +272,6 @@ def test_out_given_a_folder_of_runs_says_it_is_the_run_folder_itself(tmp_path):
 
 
 def test_output_dir_that_holds_a_run_says_it_is_the_parent(tmp_path):
-    from cli_runner import particles_cli
     run = _a_run_in(tmp_path / "my_run")
     proc = particles_cli("run", "quickstart", "--set", f"output.dir={run}", "--steps", 5, "--no-render")
     said = " ".join(proc.stderr.split())

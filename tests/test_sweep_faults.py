@@ -114,12 +114,8 @@ SLOW_UNITS = TINY.replace("n = 6", "n = 512").replace("steps = 10", "steps = 500
 
 
 def _sweep_process(args, tmp_path):
-    import os
-    import subprocess
-    import sys
-    return subprocess.Popen([sys.executable, "-m", "particles", "sweep", *args], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, MPLBACKEND="Agg"))
+    from cli_runner import start_particles
+    return start_particles("sweep", *args, cwd=tmp_path)
 
 
 @pytest.mark.ray
