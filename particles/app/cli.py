@@ -276,21 +276,16 @@ def cmd_plot(args) -> int:
 
 
 def _run_title(run_dir: Path) -> str | None:
-    """'scene   n = 64, d = 3, H = 2, rule = softmax, beta = 4' from a run's scene.toml (None without one)."""
+    """'scene    n = 64, d = 3, H = 2, rule = softmax, \u03b2 = 4' from a run's scene.toml (None
+    without a readable one); every layer's rule is named (summary.scene_title)."""
     import tomllib
+    from particles.app.summary import scene_title
     try:
         with open(run_dir / "scene.toml", "rb") as fh:
             scene = tomllib.load(fh)
-        tok, heads, dyn = scene.get("tokens", {}), scene.get("heads", {}), scene.get("dynamics", {})
-        parts = [f"n = {tok['n']}", f"d = {tok['d']}"]
-        if isinstance(heads.get("count"), int):
-            parts.append(f"H = {heads['count']}")
-        parts += [f"rule = {dyn['rule']}", f"\u03b2 = {dyn['beta']:g}"]
-        if dyn.get("geometry") == "flat":
-            parts.append("flat")
-        return f"{scene.get('name', run_dir.name)}    " + ", ".join(parts)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
         return None
+    return scene_title(scene, run_dir.name)
 
 
 def cmd_render(args) -> int:

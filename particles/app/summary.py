@@ -199,3 +199,55 @@ def frame_note(frames: int, steps: int, frame_every: int, log_every: int) -> str
     return (f"note: [render] frames = {frames} gives {got} frames here (the initial state, then one every "
             f"{frame_every} steps of {steps}: a frame falls on a logged step, a multiple of [log] every = "
             f"{log_every}); set frames to a divisor of {steps // log_every} for an exact count")
+
+
+def scene_title(scene: dict, fallback_name: str = "run") -> str | None:
+    """A figure's title from a scene's data (a run's scene.toml as a dict): 'quickstart    n = 64,
+    d = 3, H = 2, rule = softmax, β = 4'; heads with their own rule, mask or beta are named
+    ('h1 relu'), and a layer schedule names every layer's rule and start ('layer 1 from t = 4:
+    relu'). None where the data is not a scene's (a figure then goes without a title)."""
+    try:
+        tok, dyn = scene.get("tokens", {}), scene.get("dynamics", {})
+        parts = [f"n = {tok['n']}", f"d = {tok['d']}", f"H = {_head_count(scene.get('heads'))}"]
+        layers = scene.get("layers") or []
+        base = _layer_rule(scene.get("heads"), dyn.get("rule", "exp"), dyn.get("mask", "none"), dyn)
+        parts.append(("layer 0: " if layers else "rule = ") + base)
+        for number, layer in enumerate(layers, start=1):
+            start = layer.get("start", number * dyn.get("layer_every", math.nan))
+            rule = _layer_rule(layer.get("heads", scene.get("heads")), layer.get("rule", dyn.get("rule", "exp")),
+                               layer.get("mask", dyn.get("mask", "none")), layer)
+            parts.append(f"layer {number} from t = {start:g}: {rule}")
+        betas = dyn.get("betas")
+        parts.append("\u03b2 = " + (", ".join(f"{b:g}" for b in betas) if betas else f"{dyn.get('beta', 1.0):g}"))
+        if dyn.get("geometry") == "flat":
+            parts.append("flat")
+        return f"{scene.get('name', fallback_name)}    " + ", ".join(parts)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def _head_entries(heads) -> list[dict]:
+    """A [heads] table or a [[heads]] array as a list of tables (none: the default scalar head)."""
+    if isinstance(heads, dict):
+        return [heads]
+    return list(heads) if isinstance(heads, list) else [{}]
+
+
+def _head_count(heads) -> int:
+    return sum(int(e.get("count", len(e.get("strengths", ())) or 1)) for e in _head_entries(heads))
+
+
+def _layer_rule(heads, rule: str, mask: str, options: dict) -> str:
+    """'softmax', 'softmax causal, ALiBi', 'exp (h1 relu)': a layer's rule and mask, and the heads'
+    own where they differ."""
+    text = rule + ("" if mask in (None, "none") else f" {mask}") + (", ALiBi" if options.get("alibi") else "")
+    own, h = [], 0
+    for entry in _head_entries(heads):
+        count = int(entry.get("count", len(entry.get("strengths", ())) or 1))
+        bits = [str(entry[k]) for k in ("rule", "mask") if entry.get(k) not in (None, rule, mask)]
+        if entry.get("beta") is not None:
+            bits.append(f"\u03b2 = {entry['beta']:g}")
+        if bits:
+            own.append(("h" + (str(h) if count == 1 else f"{h}-{h + count - 1}")) + " " + " ".join(bits))
+        h += count
+    return text + (f" ({'; '.join(own)})" if own else "")
