@@ -24,21 +24,50 @@ MAX_POINTS = 4000          # longer series are thinned (every k-th point, the la
 COINCIDENT_DASH = (0, (4, 3))   # a head's curve drawn over an equal earlier one: dashed, both show
 
 
-def coincident_with(curves) -> list[int | None]:
-    """For each curve, the position of the first earlier curve it equals (within 1e-5 of the
-    curve's largest value, so that round-off in its smallest values does not part two curves
-    drawn one over the other; NaN where the other is NaN), else None. A curve with no finite
-    value equals none: nothing of it is drawn, so there is nothing to hide."""
+COINCIDENT_TOL = 1e-5          # of the drawn span: far below a pixel, far above round-off
+
+
+def coincident_with(curves, log_scale: bool | None = None) -> list[int | None]:
+    """For each curve, the position of the first earlier curve it equals, else None: the one
+    judgement of the film's panels and the summary's subplots.
+
+    Equal means point by point on the scale the panel draws (log10 of the values on a log
+    axis, where a non-positive value is not drawn), within ``COINCIDENT_TOL`` of the drawn
+    span of the two curves, NaN where the other is NaN: round-off in a linear curve's tail at
+    1e-8 of its peak does not part two curves drawn one over the other, while on a log axis
+    curves a factor 1000 apart stay two. ``log_scale`` None: the summary's rule, a log axis
+    where every finite value is positive and they span more than three decades. A curve with
+    nothing drawn equals none: there is nothing of it to hide."""
+    ys = [np.asarray(y, dtype=float).ravel() for y in curves]
+    if log_scale is None:
+        fin = np.concatenate([y[np.isfinite(y)] for y in ys]) if ys else np.array([])
+        log_scale = bool(fin.size and fin.min() > 0 and fin.max() / fin.min() > 1e3)
+    if log_scale:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ys = [np.where(y > 0, np.log10(np.where(y > 0, y, 1.0)), np.nan) for y in ys]
     out: list[int | None] = []
-    for i, y in enumerate(curves):
+    for i, y in enumerate(ys):
         same = None
-        finite = np.abs(np.asarray(y, dtype=float))[np.isfinite(y)]
-        if finite.size:
-            scale = 1e-5 * float(finite.max())
-            same = next((j for j in range(i) if out[j] is None and np.shape(curves[j]) == np.shape(y)
-                         and np.allclose(y, curves[j], rtol=1e-5, atol=scale, equal_nan=True)), None)
+        if np.isfinite(y).any():
+            same = next((j for j in range(i) if out[j] is None and _drawn_alike(y, ys[j])), None)
         out.append(same)
     return out
+
+
+def _drawn_alike(a: np.ndarray, b: np.ndarray) -> bool:
+    """Two curves in the drawn coordinate: the same NaNs, and every pair of points within
+    COINCIDENT_TOL of the span they are drawn over."""
+    if a.shape != b.shape:
+        return False
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    if not np.array_equal(fa, fb):
+        return False
+    both = np.concatenate([a[fa], b[fb]])
+    if not both.size:
+        return True
+    span = float(both.max() - both.min())
+    scale = span if span > 0 else max(float(np.abs(both).max()), 1.0)
+    return bool(np.all(np.abs(a[fa] - b[fb]) <= COINCIDENT_TOL * scale))
 
 
 def panel_columns(name: str, keys, n_heads: int) -> list[tuple[str, str]]:
@@ -169,7 +198,8 @@ class Panel:
         """Dash a head's curve that equals an earlier head's so far (the one drawn under it
         shows), and say so in the legend ('h1=h0'); True if the legend changed."""
         heads = [i for i, (col, _) in enumerate(self.columns) if col != "energy"]
-        same = coincident_with([np.asarray(log[self.columns[i][0]], dtype=float).ravel() for i in heads])
+        same = coincident_with([np.asarray(log[self.columns[i][0]], dtype=float).ravel() for i in heads],
+                              log_scale=self.log_scale)
         twin_of = [None] * len(self.columns)
         for i, j in zip(heads, same):
             twin_of[i] = None if j is None else heads[j]

@@ -316,3 +316,31 @@ def test_scheduled_run_frames_name_the_layer(tmp_path):
     with Animation(tmp_path / "plain.gif", RenderConfig(**SMALL), info, t_end=2.0) as anim:
         anim.add_frame(xs[0], 0.0, {k: v[:1] for k, v in fake_log([0.0], info.n_heads, info.n).items()})
         assert anim._time_text.get_text() == "t = 0.000"
+
+
+# --------------------------------------------------------------------------- coincident curves
+def test_coincidence_is_judged_point_by_point_on_the_drawn_scale():
+    """three_layers' rho_h1 runs 0.016..16 while rho_h0 runs 3.4..22 once the layers part them,
+    then both grow to ~1e12 (no tangent power left): within 1e-5 of the largest value they were
+    one curve; point by point in log space they are two. Linear tails parting at 1e-8 of the
+    peak (round-off) still count as one curve, and a log panel tells 1% apart."""
+    from render.panels import coincident_with
+    t = np.linspace(0.0, 12.0, 121)
+    h0 = np.where(t < 4, 0.5, 3.4 * np.exp(0.3 * (t - 4)))
+    h1 = np.where(t < 4, 0.5, 0.016 * np.exp(0.9 * (t - 4)))
+    h0[t > 8], h1[t > 8] = 1e12, 1e12
+    assert coincident_with([h0, h1]) == [None, None]
+    assert coincident_with([h0, h1], log_scale=False) == [None, 0]     # drawn to 1e12 linearly: one line
+    assert coincident_with([h0[t < 4], h1[t < 4]]) == [None, 0]        # equal while layer 0 lasts
+    rate = 0.06 * np.exp(-np.linspace(0.0, 25.0, 121) / 1.5)           # 3e-9 at the end
+    tail = rate.copy()
+    tail[-5:] *= 1.5
+    assert coincident_with([rate, tail], log_scale=False) == [None, 0]
+    assert coincident_with([rate, tail], log_scale=True) == [None, None]
+    assert coincident_with([rate, rate * 1.01], log_scale=True) == [None, None]
+    assert coincident_with([rate, rate * (1 + 1e-9)], log_scale=True) == [None, 0]
+    nan = np.full_like(t, np.nan)
+    assert coincident_with([nan, nan]) == [None, None]                  # nothing drawn: nothing hidden
+    gap = rate.copy()
+    gap[3] = np.nan
+    assert coincident_with([rate, gap]) == [None, None]                 # a gap is drawn: not the same
