@@ -24,7 +24,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from .colors import CLUSTER_LEGEND, TokenColorizer, cluster_count
+from .colors import CLUSTER_LEGEND, TokenColorizer, cluster_count, singleton_count
 from .config import RenderConfig, RunInfo
 from .layout import compute_layout
 from .panels import PanelSet, available_panels
@@ -141,10 +141,10 @@ class Animation:
         log = {} if log is None else log
         if self._fig is None:
             self._build(x, log, token_values)
+        dirty = self._needs_redraw | self._colorizer.update(x, token_values)
         colors = self._colorizer.colors(x, token_values)
         coords = tuple(project(x, spec) for spec in self._specs)
         self._history.append(coords)
-        dirty = self._needs_redraw
         layer = np.ravel(log.get("layer", []))
         causal = self.info.mask_in_force(int(layer[-1]) if layer.size else None) == "causal"
         for k, view in enumerate(self._views):
@@ -162,10 +162,12 @@ class Animation:
             stamp = f"layer {k}   {stamp}"
             notes.append(f"layer {k}{what}")
         if self._colorizer.mode == "cluster" and token_values is not None and "cluster" in token_values:
-            k = cluster_count(token_values["cluster"])
-            notes.append(f"{k} cluster{'' if k == 1 else 's'}")
+            k, alone = cluster_count(token_values["cluster"]), singleton_count(token_values["cluster"])
+            notes.append(f"{k} cluster{'' if k == 1 else 's'}, {alone} singleton{'' if alone == 1 else 's'}")
         if self._colorizer.mode == "cluster":
             notes.append(CLUSTER_LEGEND)
+        if (uniform := self._colorizer.note()) is not None:
+            notes.append(uniform)
         if (unlabelled := token_labels_note(self.info)) is not None:
             notes.append(unlabelled)
         self._time_text.set_text(stamp)

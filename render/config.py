@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 VIEWS = ("auto", "circle", "sphere", "pca", "heads")
-COLOR_BY = ("index", "cluster", "radial", "entropy")
+COLOR_BY = ("index", "cluster", "radial", "entropy", "norm")
 PROJECTIONS = ("pca_initial", "pca_final")
 PANELS = ("energy", "radial_dominance", "entropy")
 GEOMETRIES = ("sphere", "flat")
@@ -34,7 +34,8 @@ class RenderConfig:
     view        "auto" (circle for d=2, sphere for d=3, pca for d>3), "circle", "sphere",
                 "pca" or "heads" (one panel per head, tokens projected on its subspace).
     color_by    "index", "cluster", "radial" (per-token radial shadow a^h_i of head
-                `color_head`) or "entropy" (per-token attention entropy H^h_i).
+                `color_head`), "entropy" (per-token attention entropy H^h_i) or "norm"
+                (|x_i|, what tells tokens apart in flat space).
     color_head  head whose per-token observable colours the tokens.
     trails      number of past frames drawn as fading trails (0 = none).
     rotate      slowly turn the camera (3-D views).
@@ -47,8 +48,8 @@ class RenderConfig:
                 the default 1280x720 is drawn at 800x450, which keeps the file to ~40% of that).
     dpi         text and line scale at 1280x720 (points -> pixels); frames smaller than
                 that scale it down by min(1, width/1280, height/720) ** 0.7 so the layout fits.
-    color_limits  fixed (low, high) for the colour bar of "radial"/"entropy";
-                None = from the first frame with a margin.
+    color_limits  fixed (low, high) for the colour bar of "radial"/"entropy"/"norm";
+                None = from the first frame with a margin, widened as the values leave it.
     """
 
     view: str = "auto"

@@ -60,7 +60,7 @@ LAYER_KEYS = ("start", "heads", "rule", "mask", "window", "alibi")
 LOG_KEYS = ("every", "energy", "radial", "entropy", "entropy_rate", "clusters_every",
             "cluster_threshold", "trajectory_every")
 VIEWS = ("auto", "circle", "sphere", "pca", "heads")
-COLOR_BY = ("index", "cluster", "radial", "entropy")
+COLOR_BY = ("index", "cluster", "radial", "entropy", "norm")
 PROJECTIONS = ("pca_initial", "pca_final")
 PANELS = ("energy", "radial_dominance", "entropy")
 RENDER_KEYS = ("enabled", "file", "frames", "fps", "view", "color_by", "color_head", "trails",

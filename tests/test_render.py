@@ -344,3 +344,51 @@ def test_coincidence_is_judged_point_by_point_on_the_drawn_scale():
     gap = rate.copy()
     gap[3] = np.nan
     assert coincident_with([rate, gap]) == [None, None]                 # a gap is drawn: not the same
+
+
+# --------------------------------------------------------------------------- colour carries information
+def test_index_colours_are_sequential_so_first_and_last_differ():
+    """causal_kpr's "early tokens dark": a sequential map, lightness rising with the index
+    (the cyclic wheel gave token 0 and token 63 one colour)."""
+    from render.colors import index_colors
+    for n in (4, 10, 64):
+        c = index_colors(n)[:, :3]
+        lum = c @ np.array([0.2126, 0.7152, 0.0722])
+        assert np.all(np.diff(lum) > 0)
+        assert np.abs(c[0] - c[-1]).sum() > 1.0
+
+
+def test_cluster_count_means_groups_of_two_or_more(tmp_path):
+    from render.colors import cluster_count, singleton_count
+    labels = np.array([0, 0, 1, 2, 2, 2, 3, 4])
+    assert (cluster_count(labels), singleton_count(labels)) == (2, 3)
+    info = info_for(3, n=8)
+    with Animation(tmp_path / "cc.gif", RenderConfig(color_by="cluster", **SMALL), info) as anim:
+        anim.add_frame(collapsing_tokens(8, 3, 1)[0], 0.0, {"time": np.zeros(1)}, {"cluster": labels})
+        assert "2 clusters, 3 singletons" in anim._info_text.get_text()
+
+
+def test_colour_limits_follow_the_data_and_a_shared_value_is_said(tmp_path):
+    """The critical_beta scenes: every token has the same a_i (symmetry) and it grows; the bar
+    widens with it instead of saturating every token, and the caption says colour carries nothing."""
+    info = info_for(8, n=8)
+    x = collapsing_tokens(8, 8, 1)[0]
+    with Animation(tmp_path / "r.gif", RenderConfig(color_by="radial", **SMALL), info) as anim:
+        for k, a in enumerate((0.1, 0.5, 2.0)):
+            anim.add_frame(x, 0.1 * k, {"time": 0.1 * np.arange(k + 1)}, {"radial_h0": np.full(8, a)})
+        lo, hi = anim._colorizer.limits
+        assert lo == -hi and hi >= 2.0                       # diverging, centred on 0, widened to 2
+        assert "every token has the same a^0_i = 2" in anim._info_text.get_text()
+        c = anim._colorizer.colors(x, {"radial_h0": np.full(8, 2.0)})
+        assert not np.allclose(c[0], anim._colorizer.cmap(1.0))   # not the saturated end
+
+
+def test_flat_tokens_coloured_by_their_distance_from_the_origin(tmp_path):
+    info = info_for(3, n=20, geometry="flat")
+    x = collapsing_tokens(20, 3, 1, flat=True)[0]
+    with Animation(tmp_path / "n.gif", RenderConfig(color_by="norm", **SMALL), info) as anim:
+        anim.add_frame(x, 0.0, {"time": np.zeros(1)})
+        norms = np.linalg.norm(x, axis=1)
+        c = anim._colorizer.colors(x, None)
+        assert np.allclose(c, anim._colorizer.cmap(anim._colorizer.norm(norms)))
+        assert "|x_i|" in anim._colorizer.label
