@@ -1,8 +1,11 @@
 """A user rule compiled alone on the active arch before the engine's kernels are built, so
 that a function Taichi cannot compile (NumPy inside a kernel, a 64-bit exp on SPIR-V, ...)
 is reported by rule, function and file instead of as a traceback from deep in the engine."""
+import json
 import os
+import re
 import signal
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -18,18 +21,29 @@ PROBE_SECONDS = float(os.environ.get("PARTICLES_RULE_PROBE_SECONDS", "60"))   # 
 # a position-aware kernel also i == j (the diagonal every row sees), i = 0 and j = n - 1
 Z_EDGES = (0.0, 0.5, -0.5, 30.0, -30.0, 1e4, -1e4)
 POSITION_EDGES = ((0, 0, 1), (0, 0, 3), (1, 1, 3), (2, 2, 3), (0, 2, 3), (2, 0, 3), (1, 0, 2))
+CHILD_ERROR = "probe error: "   # the child's own error, one JSON line on stdout
+# Taichi's C++ log line: "[W 12/02/26 06:15:41.517 8616] [file.cpp:fn@66] message"
+_TAICHI_LOG = re.compile(r"^\[[TDIWEC] \d\d/\d\d/\d\d \d\d:\d\d:\d\d\.\d+ \d+\]")
+# Taichi holds its offline-cache lock for milliseconds while it loads or saves the cache's
+# index; older than this, the process that made it was killed meanwhile (nothing holds it
+# open: Taichi creates the file, closes it and deletes it when done).
+STALE_LOCK_SECONDS = 60.0
 
 _CHILD = """
-import sys
+import json, sys
 sys.path.insert(0, sys.argv[4])
-from particles import backend
-backend.init("cpu")
-from particles.rules import get_rule, load_rule_file
-load_rule_file(sys.argv[2])
-from particles.rule_check import probe_edges
-probe_edges(get_rule(sys.argv[1]), sys.argv[3])
+try:
+    from particles import backend
+    backend.init("cpu")
+    from particles.rules import get_rule, load_rule_file
+    load_rule_file(sys.argv[2])
+    from particles.rule_check import probe_edges
+    probe_edges(get_rule(sys.argv[1]), sys.argv[3])
+except Exception as err:
+    print(%r + json.dumps([type(err).__name__, str(err)]), flush=True)
+    sys.exit(3)
 print("probe ok")
-"""
+""" % (CHILD_ERROR,)
 _PROBED: dict = {}
 
 
@@ -41,6 +55,11 @@ def _first_lines(err: Exception, limit: int = 3) -> str:
     lines = [ln.strip() for ln in str(err).strip().splitlines()
              if ln.strip(" ^~")]  # drop the caret lines that underline source
     return " ".join(lines[-limit:]).rstrip(".") or type(err).__name__
+
+
+def _sentence(text: str) -> str:
+    text = text.rstrip()
+    return text if text.endswith((".", "?", "!")) else text + "."
 
 
 def check_rule_compiles(rule: Rule, dtype: str) -> None:
@@ -94,14 +113,68 @@ def probe_in_child(rule: Rule, dtype: str) -> None:
             f"{', (i, j, n) in ' + str(list(POSITION_EDGES)) if rule.positional else ''}); "
             "nothing was run")
     if proc.returncode != 0 or "probe ok" not in proc.stdout:
-        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-        last = lines[-1] if lines else f"exit status {proc.returncode}"
-        if "RuleCompileError" in last:
-            last = last.split(":", 1)[1].strip()
-            raise RuleCompileError(last)
-        raise RuleCompileError(f"{_where(rule, source)} failed when evaluated at its edge cases in a "
-                               f"separate process: {last}")
+        raise RuleCompileError(_child_failure(rule, source, proc))
     _PROBED[key] = True
+
+
+def _child_failure(rule: Rule, source, proc) -> str:
+    """The probe child's own error (its JSON line, else the last line of its stderr that is
+    not Taichi's log), with Taichi's log lines set apart and a stale cache lock named."""
+    own = [ln for ln in proc.stdout.splitlines() if ln.startswith(CHILD_ERROR)]
+    lines = [ln.rstrip() for ln in proc.stderr.splitlines() if ln.strip()]
+    taichi_log = [ln for ln in lines if _TAICHI_LOG.match(ln)]
+    if own:
+        try:
+            kind, text = json.loads(own[-1][len(CHILD_ERROR):])
+        except (ValueError, TypeError):
+            kind, text = "Error", own[-1][len(CHILD_ERROR):]
+        message = (text if kind == "RuleCompileError" else
+                   f"{_where(rule, source)} failed when evaluated at its edge cases in a separate "
+                   f"process: {kind}: {text}")
+    else:
+        rest = [ln for ln in lines if not _TAICHI_LOG.match(ln)]
+        last = rest[-1].strip() if rest else f"exit status {proc.returncode}"
+        message = (f"{_where(rule, source)} failed when evaluated at its edge cases in a separate "
+                   f"process: {last}")
+    message = _sentence(message)
+    note = stale_cache_lock_note()
+    if note:   # the note says what its "Lock ... failed" warnings mean
+        taichi_log = [ln for ln in taichi_log if "ticache.lock" not in ln]
+    if taichi_log:
+        message += f" (Taichi's log in that process: {' | '.join(ln.strip() for ln in taichi_log[-3:])})"
+    return message + (f" {note}" if note else "")
+
+
+def kernel_cache_dir() -> Path:
+    """Taichi's offline kernel cache of this process (TI_OFFLINE_CACHE_FILE_PATH, else its default)."""
+    try:
+        cfg = ti.lang.impl.current_cfg()
+    except Exception:  # noqa: BLE001 - not initialised: the default configuration
+        cfg = ti.lang.impl.default_cfg()
+    return Path(os.environ.get("TI_OFFLINE_CACHE_FILE_PATH") or cfg.offline_cache_file_path)
+
+
+def stale_cache_lock(cache_dir=None, now=None) -> tuple[Path, float] | None:
+    """(path, age in seconds) of Taichi's kernel-cache lock when it is older than
+    STALE_LOCK_SECONDS (left by a killed process: no process holds it), else None."""
+    lock = Path(cache_dir or kernel_cache_dir()) / "ticache.lock"
+    try:
+        age = (time.time() if now is None else now) - lock.stat().st_mtime
+    except OSError:
+        return None
+    return (lock, age) if age > STALE_LOCK_SECONDS else None
+
+
+def stale_cache_lock_note(cache_dir=None) -> str:
+    """A sentence naming a stale kernel-cache lock and its remedy, or ''."""
+    stale = stale_cache_lock(cache_dir)
+    if stale is None:
+        return ""
+    lock, age = stale
+    return (f"Note: Taichi's kernel-cache lock {str(lock)!r} is {age / 60:.0f} min old and no "
+            "process holds it (a process killed while saving the cache left it): until it is "
+            "removed every process compiles its kernels again, saves none and warns 'Lock ... "
+            f"failed'. Remove it (rm {str(lock)!r}); nothing else in the cache need go.")
 
 
 def probe_edges(rule: Rule, dtype: str) -> None:
@@ -131,6 +204,6 @@ def probe_edges(rule: Rule, dtype: str) -> None:
             name = getattr(fn, "__name__", repr(fn))
             raise RuleCompileError(
                 f"rule {rule.name!r} (from {rule.source}): its {role} function {name!r} does not "
-                f"compile on arch {backend.active_arch()!r} in {dtype}: {_first_lines(err)}. A rule "
+                f"compile on arch {backend.active_arch()!r} in {dtype}: {_sentence(_first_lines(err))} A rule "
                 "is compiled into a Taichi kernel: write it with Taichi math on one scalar z "
                 "(or z, i, j, n for a position-aware kernel; ti.exp, ti.log, ti.max, ...), not NumPy or other Python objects") from None

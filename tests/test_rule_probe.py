@@ -65,3 +65,63 @@ def test_a_rule_that_crashes_or_hangs_is_an_exit_2_paragraph(tmp_path, name):
     err = " ".join(proc.stderr.split())
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
     assert f"rule '{name}'" in err and says in err and "Traceback" not in err, err
+
+
+NUMPY_RULE = """
+import numpy as np
+import particles
+
+
+def numpy_sigmoid(z):
+    return 1 / (1 + np.exp(-z))
+
+
+particles.register_rule("numpy_sigmoid", kernel=numpy_sigmoid)
+"""
+
+
+def test_a_stale_kernel_cache_lock_leaves_the_rules_own_error_and_is_named(tmp_path):
+    """A lock left in Taichi's kernel cache by a killed process (issue 31.12): the probe
+    reported Taichi's "Lock ... failed" warning in place of the rule's own error."""
+    cache = tmp_path / "ticache"
+    cache.mkdir()
+    lock = cache / "ticache.lock"
+    lock.touch()
+    os.utime(lock, (os.path.getmtime(lock) - 600,) * 2)   # ten minutes old: no save lasts that long
+    (tmp_path / "rule.py").write_text(NUMPY_RULE)
+    (tmp_path / "scene.toml").write_text(SCENE.format(rule="numpy_sigmoid", mask="none"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg", TI_OFFLINE_CACHE_FILE_PATH=str(cache))
+    proc = subprocess.run([sys.executable, "-m", "particles", "run", str(tmp_path / "scene.toml"),
+                           "--out", str(tmp_path / "run"), "--quiet"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    err = " ".join(proc.stderr.split())
+    first = err[err.index("error:"):]
+    assert "rule 'numpy_sigmoid'" in first and "kernel function 'numpy_sigmoid'" in first, err
+    assert "failed when evaluated" not in first, err   # the rule's own error, not the lock warning
+    assert "np.exp" in first and "Traceback" not in err, err
+    assert f"kernel-cache lock '{lock}' is 10 min old and no process holds it" in first, err
+    assert f"Remove it (rm '{lock}')" in first, err
+
+
+def test_a_fresh_lock_is_not_called_stale(tmp_path):
+    from particles.rule_check import stale_cache_lock, stale_cache_lock_note
+    assert stale_cache_lock(tmp_path) is None and stale_cache_lock_note(tmp_path) == ""
+    (tmp_path / "ticache.lock").touch()
+    assert stale_cache_lock(tmp_path) is None           # a save in progress
+    lock, age = stale_cache_lock(tmp_path, now=os.path.getmtime(tmp_path / "ticache.lock") + 61)
+    assert lock == tmp_path / "ticache.lock" and 60 < age < 62
+
+
+def test_the_test_run_compiles_into_a_private_kernel_cache():
+    """The suite must not depend on the machine's kernel cache (~/.cache/taichi)."""
+    import taichi as ti
+    from conftest import KERNEL_CACHE
+    from particles import backend
+    backend.init("cpu")
+    used = Path(ti.lang.impl.current_cfg().offline_cache_file_path)
+    assert used == KERNEL_CACHE and ROOT in used.parents
+    child = subprocess.run([sys.executable, "-c", "from particles.rule_check import kernel_cache_dir; "
+                            "print(kernel_cache_dir())"], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert child.stdout.strip().splitlines()[-1] == str(KERNEL_CACHE), child.stderr
