@@ -106,9 +106,15 @@ def test_per_head_beta_keeps_the_energy_of_unmasked_heads():
 
 @pytest.mark.parametrize("rule", ["softmax", "exp", "relu"])
 @pytest.mark.parametrize("integrator", ["euler", "rk4"])
-def test_a_mask_that_excludes_nothing_equals_the_unmasked_rule_bitwise(rule, integrator):
+def test_a_mask_that_excludes_nothing_equals_the_unmasked_rule(rule, integrator):
     """window >= n - 1 and causal_window with w >= n - 1 see every key a plain (or causal)
-    head sees: same kernels (path 'plain'), same numbers, bit for bit."""
+    head sees: the same sums in the same order (path 'plain'), the same numbers. Bit for bit
+    for the exponential rules; ReLU's key loop has no running maximum, so LLVM vectorises
+    its sums, and the banded kernel (loop bounds from the band) and the plain one may split
+    them into lanes differently: on a Zen 4 EPYC (family 25) window vs none differed by
+    1 ulp in the tokens (1.2e-7) and 1.4e-6 relative in a row after 20 RK4 steps, while
+    a Zen 5 was bitwise. So ReLU is held to float32 rounding, far below what a key the
+    mask wrongly hid or showed would change (~1e-2)."""
     n, d = 12, 3
     x = random_tokens(n, d, seed=6)
     heads = general_heads(2, d, seed=6)
@@ -122,11 +128,21 @@ def test_a_mask_that_excludes_nothing_equals_the_unmasked_rule_bitwise(rule, int
                                        dtype="float32", path="plain", **kw)
             sim.advance(20, observe_every=5)
             runs.append((sim.native_tokens(), sim.take_rows()))
-        assert np.array_equal(runs[0][0], runs[1][0])
+        bitwise = rule != "relu"
+        if bitwise:
+            assert np.array_equal(runs[0][0], runs[1][0])
+        else:
+            np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=0, atol=1e-6)
         for a, b in zip(runs[0][1], runs[1][1]):
             for key in a:
-                if not key.startswith("energy"):  # the masked head has no potential by definition
-                    assert a[key] == b[key] or (np.isnan(a[key]) and np.isnan(b[key])), key
+                if key.startswith("energy"):  # the masked head has no potential by definition
+                    continue
+                if np.isnan(a[key]) and np.isnan(b[key]):
+                    continue
+                if bitwise:
+                    assert a[key] == b[key], key
+                else:
+                    assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
     assert np.max(np.abs(runs[0][0][0] - x)) > 1e-3  # it moved: the equality is not of a frozen state
 
 
