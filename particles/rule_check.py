@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import taichi as ti
 
 from . import backend
@@ -21,6 +22,15 @@ PROBE_SECONDS = float(os.environ.get("PARTICLES_RULE_PROBE_SECONDS", "60"))   # 
 # a position-aware kernel also i == j (the diagonal every row sees), i = 0 and j = n - 1
 Z_EDGES = (0.0, 0.5, -0.5, 30.0, -30.0, 1e4, -1e4)
 POSITION_EDGES = ((0, 0, 1), (0, 0, 3), (1, 1, 3), (2, 2, 3), (0, 2, 3), (2, 0, 3), (1, 0, 2))
+# The child probes a position-aware kernel further: every (i, j) for every n up to
+# SMALL_N, and at the scene's own n every (i, j) up to EXHAUSTIVE_N tokens (a million pairs
+# per z, well under a second), beyond it the first, middle and last EDGE_ROWS rows against
+# the same rows and a band of BAND keys either side of the diagonal.
+SMALL_N = 16
+EXHAUSTIVE_N = 1024
+EDGE_ROWS = 32
+BAND = 64
+AT_N = "probing n = "   # the child's progress on stdout: which n a crash or hang happened at
 CHILD_ERROR = "probe error: "   # the child's own error, one JSON line on stdout
 # Taichi's C++ log line: "[W 12/02/26 06:15:41.517 8616] [file.cpp:fn@66] message"
 _TAICHI_LOG = re.compile(r"^\[[TDIWEC] \d\d/\d\d/\d\d \d\d:\d\d:\d\d\.\d+ \d+\]")
@@ -37,8 +47,9 @@ try:
     backend.init("cpu")
     from particles.rules import get_rule, load_rule_file
     load_rule_file(sys.argv[2])
-    from particles.rule_check import probe_edges
+    from particles.rule_check import probe_edges, probe_positions
     probe_edges(get_rule(sys.argv[1]), sys.argv[3])
+    probe_positions(get_rule(sys.argv[1]), sys.argv[3], int(sys.argv[5]))
 except Exception as err:
     print(%r + json.dumps([type(err).__name__, str(err)]), flush=True)
     sys.exit(3)
@@ -62,12 +73,13 @@ def _sentence(text: str) -> str:
     return text if text.endswith((".", "?", "!")) else text + "."
 
 
-def check_rule_compiles(rule: Rule, dtype: str) -> None:
+def check_rule_compiles(rule: Rule, dtype: str, n: int = 0) -> None:
     """Compile and run each of the rule's functions on one value; raise RuleCompileError naming
-    the rule and the function that fails. Built-in rules are part of the engine: not probed."""
+    the rule and the function that fails. Built-in rules are part of the engine: not probed.
+    n: the number of tokens it will meet (0: unknown), probed in the child where affordable."""
     if rule.source == "built-in":
         return
-    probe_in_child(rule, dtype)
+    probe_in_child(rule, dtype, n)
     probe_edges(rule, dtype)
 
 
@@ -75,7 +87,7 @@ def _where(rule: Rule, source=None) -> str:
     return f"rule {rule.name!r} (from {source or rule.source})"
 
 
-def probe_in_child(rule: Rule, dtype: str) -> None:
+def probe_in_child(rule: Rule, dtype: str, n: int = 0) -> None:
     """Evaluate a rule from a file at its edge cases in a child process under a time limit,
     so a crash (SIGFPE from an integer division by zero at i == j, a segfault) or an
     endless loop becomes a RuleCompileError naming the rule instead of taking the process
@@ -85,21 +97,21 @@ def probe_in_child(rule: Rule, dtype: str) -> None:
     if not files:
         return
     source = Path(files[-1])
-    key = (rule.name, str(source), source.stat().st_mtime_ns, dtype)
+    n = int(n) if rule.positional else 0
+    key = (rule.name, str(source), source.stat().st_mtime_ns, dtype, n)
     if key in _PROBED:
         return
     root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     try:
-        proc = subprocess.run([sys.executable, "-c", _CHILD, rule.name, str(source), dtype, root],
+        proc = subprocess.run([sys.executable, "-c", _CHILD, rule.name, str(source), dtype, root, str(n)],
                               capture_output=True, text=True, timeout=PROBE_SECONDS, env=env,
                               stdin=subprocess.DEVNULL, start_new_session=True)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as err:
         raise RuleCompileError(
-            f"{_where(rule, source)} did not return within {PROBE_SECONDS:g} s when evaluated at its edge "
-            f"cases (z in {list(Z_EDGES)}{', i == j, i = 0, j = n - 1' if rule.positional else ''}) "
-            "in a separate process: it loops forever or is far too slow for the pair loop, "
-            "which calls it n^2 times per step") from None
+            f"{_where(rule, source)} did not return within {PROBE_SECONDS:g} s when evaluated "
+            f"{_cases(rule, err.stdout)} in a separate process: it loops forever or is far too "
+            "slow for the pair loop, which calls it n^2 times per step") from None
     if proc.returncode < 0:
         try:
             name = signal.Signals(-proc.returncode).name
@@ -108,13 +120,68 @@ def probe_in_child(rule: Rule, dtype: str) -> None:
         hint = (" (an integer division or modulo by zero: with a causal or window mask i - j is 0 "
                 "on the diagonal; divide floats, or guard the case)" if name == "SIGFPE" else "")
         raise RuleCompileError(
-            f"{_where(rule, source)} crashed the process with {name}{hint} when evaluated at its edge "
-            f"cases (z in {list(Z_EDGES)}"
-            f"{', (i, j, n) in ' + str(list(POSITION_EDGES)) if rule.positional else ''}); "
-            "nothing was run")
+            f"{_where(rule, source)} crashed the process with {name}{hint} when evaluated "
+            f"{_cases(rule, proc.stdout)}; nothing was run")
     if proc.returncode != 0 or "probe ok" not in proc.stdout:
         raise RuleCompileError(_child_failure(rule, source, proc))
     _PROBED[key] = True
+
+
+def _cases(rule: Rule, child_stdout) -> str:
+    """Which cases the child was evaluating when it crashed or hung (from its progress lines)."""
+    if isinstance(child_stdout, bytes):
+        child_stdout = child_stdout.decode(errors="replace")
+    at = [ln[len(AT_N):] for ln in (child_stdout or "").splitlines() if ln.startswith(AT_N)]
+    zs = f"z in {list(Z_EDGES)}"
+    if not rule.positional:
+        return f"at its edge cases ({zs})"
+    if not at:
+        return f"at its edge cases ({zs}, (i, j, n) in {list(POSITION_EDGES)})"
+    n = int(at[-1])
+    pairs = ("every position i, j < n" if n <= EXHAUSTIVE_N else
+             f"rows i within {EDGE_ROWS} of 0, n / 2 and n - 1 against the same keys and keys "
+             f"j within {BAND} of i")
+    return f"with n = {n} tokens ({zs}, {pairs})"
+
+
+def position_pairs(n: int) -> np.ndarray:
+    """The (i, j) a position-aware kernel is probed at for n tokens, (m, 2) int32."""
+    if n <= EXHAUSTIVE_N:
+        i, j = np.indices((n, n)).reshape(2, -1)
+        return np.stack([i, j], axis=1).astype(np.int32)
+    half = EDGE_ROWS // 2
+    rows = np.unique(np.concatenate([np.arange(EDGE_ROWS), np.arange(n // 2 - half, n // 2 + half),
+                                     np.arange(n - EDGE_ROWS, n)]))
+    pairs = set()
+    for i in rows.tolist():
+        pairs.update((i, j) for j in rows.tolist())
+        pairs.update((i, j) for j in range(max(0, i - BAND), min(n, i + BAND + 1)))
+    return np.array(sorted(pairs), dtype=np.int32)
+
+
+def probe_positions(rule: Rule, dtype: str, n: int = 0) -> None:
+    """Evaluate a position-aware kernel at every (i, j) of n = 1 .. SMALL_N tokens and at
+    the scene's n (``position_pairs``), each z in Z_EDGES; each n is announced on stdout
+    first, so that a crash or a hang names it. Run in the probe's child: a crash ends it."""
+    if not rule.positional:
+        return
+    real = ti.f32 if dtype == "float32" else ti.f64
+    taichi_fn = ti.func(rule.kernel)
+
+    @ti.kernel
+    def probe_at(z: real, pairs: ti.types.ndarray(dtype=ti.i32, ndim=2), n: ti.i32) -> real:
+        total = ti.cast(0, real)
+        for p in range(pairs.shape[0]):
+            total += ti.cast(taichi_fn(z, pairs[p, 0], pairs[p, 1], n), real)
+        return total
+
+    for count in sorted(set(range(1, SMALL_N + 1)) | ({int(n)} if n > 0 else set())):
+        print(f"{AT_N}{count}", flush=True)
+        host = position_pairs(count)
+        pairs = ti.ndarray(ti.i32, shape=host.shape)
+        pairs.from_numpy(host)
+        for z in Z_EDGES:
+            probe_at(z, pairs, count)
 
 
 def _child_failure(rule: Rule, source, proc) -> str:

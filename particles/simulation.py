@@ -196,7 +196,7 @@ class Simulation:
         self.arch = backend.init(arch)
         backend.check_dtype(dtype)
         for checked in {a.rule for att in self.layer_attention for a in att}:
-            check_rule_compiles(checked, dtype)
+            check_rule_compiles(checked, dtype, n)
 
         real = ti.f32 if dtype == "float32" else ti.f64
         self._np_real = np.float32 if dtype == "float32" else np.float64
@@ -375,9 +375,18 @@ class Simulation:
         v = self._xdot.to_numpy().astype(np.float64)
         return v if self.ensemble else v[0]
 
-    def advance(self, steps: int = 1, observe_every: int = 0) -> None:
+    def advance(self, steps: int = 1, observe_every: int = 0, *, check_finite: bool = True) -> None:
         """Advance ``steps`` steps; with observe_every = k, record the observables of every
-        state whose step count is a multiple of k (before stepping from it)."""
+        state whose step count is a multiple of k (before stepping from it). A state that is
+        no longer finite after them (a rule returning NaN, too large a step) raises
+        BlowUpError, naming the step and token; check_finite=False leaves that check (one
+        kernel launch per call) to the caller, e.g. the drive loop, which checks at its own
+        cadence and keeps the rows observed before the blow-up."""
+        self._advance(steps, observe_every)
+        if check_finite:
+            self.check_finite()
+
+    def _advance(self, steps: int, observe_every: int) -> None:
         steps = validation.step_count("steps", steps)
         observe_every = validation.step_count("observe_every", observe_every)
         self._refuse_if_blown_up()

@@ -67,6 +67,78 @@ def test_a_rule_that_crashes_or_hangs_is_an_exit_2_paragraph(tmp_path, name):
     assert f"rule '{name}'" in err and says in err and "Traceback" not in err, err
 
 
+POSITION_RULES = {   # issue 31.6: positions the first probe, (i, j, n) with n <= 3, never tried
+    "off_by_five": (6, """
+        import taichi as ti
+        import particles
+
+        def off_by_five(z, i, j, n):
+            return ti.exp(z) * (1.0 + 1e-9 * (7 // (i - j - 5)))     # i - j = 5 needs n >= 6
+
+        particles.register_rule("off_by_five", kernel=off_by_five, normalization="softmax")
+    """, "SIGFPE", "with n = 6 tokens"),
+    "at_its_own_n": (200, """
+        import taichi as ti
+        import particles
+
+        def at_its_own_n(z, i, j, n):
+            return ti.exp(z) * (1.0 + 1e-9 * (7 // (i - j - 150)))   # only where n > 150
+
+        particles.register_rule("at_its_own_n", kernel=at_its_own_n, normalization="softmax")
+    """, "SIGFPE", "with n = 200 tokens"),
+    "hangs_above_five": (6, """
+        import taichi as ti
+        import particles
+
+        def hangs_above_five(z, i, j, n):
+            w = z
+            while n > 5 and w > -1.0e30:
+                w = w + 0.0
+            return ti.exp(w)
+
+        particles.register_rule("hangs_above_five", kernel=hangs_above_five, normalization="softmax")
+    """, "did not return within", "with n = 6 tokens"),
+}
+
+
+@pytest.mark.parametrize("name", [n if n != "hangs_above_five" else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in sorted(POSITION_RULES)])   # the hang waits out the limit
+def test_a_position_aware_rule_is_probed_beyond_three_tokens_and_at_the_scenes_n(tmp_path, name):
+    n, code, says, where = POSITION_RULES[name]
+    (tmp_path / "rule.py").write_text(textwrap.dedent(code))
+    (tmp_path / "scene.toml").write_text(SCENE.format(rule=name, mask="none").replace("n = 6", f"n = {n}"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg", PARTICLES_RULE_PROBE_SECONDS="10")
+    proc = subprocess.run([sys.executable, "-m", "particles", "run", str(tmp_path / "scene.toml"),
+                           "--out", str(tmp_path / "run"), "--quiet"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240)
+    err = " ".join(proc.stderr.split())
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    assert f"rule '{name}'" in err and says in err and where in err and "Traceback" not in err, err
+
+
+def test_advance_raises_where_a_rule_returns_nan():
+    """Simulation.advance returned normally with NaN tokens (only run() raised): issue 31.6."""
+    import numpy as np
+    import taichi as ti
+    import particles
+
+    def nan_beyond_zero(z):
+        return ti.exp(z) + ti.sqrt(z - 2.0)       # NaN for z < 2: every pair at beta = 1
+
+    particles.register_rule("nan_beyond_zero", kernel=nan_beyond_zero, normalization="softmax")
+    x = np.random.default_rng(0).standard_normal((8, 3))
+    sim = particles.Simulation(x, [np.eye(3)], beta=1.0, dt=0.01, rule="nan_beyond_zero")
+    with pytest.raises(particles.BlowUpError, match="blow-up at step 1: token"):
+        sim.advance(1)
+    assert sim.step_count == 1
+    from particles.errors import ParticlesUserError
+    with pytest.raises(ParticlesUserError, match="stopped with a BlowUpError"):
+        sim.advance(1)                              # and it will not step on from there
+    sim.set_state(x, step=0)
+    sim.advance(2, check_finite=False)              # the caller's own cadence (the drive loop)
+    assert not np.isfinite(sim.tokens).all()
+
+
 NUMPY_RULE = """
 import numpy as np
 import particles
