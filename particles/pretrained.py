@@ -35,14 +35,19 @@ What the flow cannot carry is reported in ``LayerHeads.notes``, never dropped si
   <x_i, M x_j> cannot express: refused unless ``rotary="drop"``, which uses the heads without
   the rotation (the layer as it acts on tokens all at position 0) and says so.
 
-Checkpoints in float16 or bfloat16 are converted to float64 (a note says so).
+Checkpoints in float16 or bfloat16 are converted to float64 (a note says so). A damaged or
+hostile checkpoint (a header that is not an object, offsets outside the file, a shape that does
+not match its span, sizes in config.json the tensors do not back, a FIFO or device for a file)
+is one PretrainedError naming the file and the key, checked before anything is allocated.
 """
 from __future__ import annotations
 
 import importlib
 import json
 import math
+import os
 import re
+import stat
 import struct
 import sys
 from dataclasses import dataclass, field
@@ -66,7 +71,12 @@ _MODEL_TYPES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "disti
 _ARCH_HINTS = (("Bert", "bert"), ("Roberta", "bert"), ("GPT2", "gpt2"), ("Llama", "llama"),
                ("Mistral", "llama"), ("Qwen2", "llama"))
 _PREFIXES = ("bert.", "roberta.", "transformer.", "model.", "")
-_DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+_FLOAT_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2"}   # read as float64
+_DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+                "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E5M2": 1, "F8_E4M3": 1}
+HEADER_LIMIT = 100_000_000       # bytes of a safetensors header (the format's own limit)
+CONFIG_LIMIT = 10_000_000        # bytes of config.json
+TOKENIZER_LIMIT = 500_000_000    # bytes of tokenizer.json
 
 
 class PretrainedError(ParticlesUserError):
@@ -136,6 +146,8 @@ def resolve_model(model) -> Path:
     """The checkpoint folder of ``model``: a folder path, or an installed package's name
     (looked up without importing it)."""
     text = str(model)
+    if "\0" in text:
+        raise PretrainedError(f"model {_show(text)}: a name or path cannot hold a null character")
     path = Path(text).expanduser()
     if path.exists():
         if path.is_file():
@@ -159,18 +171,118 @@ def resolve_model(model) -> Path:
     raise PretrainedError(f"model '{text}': no such folder")
 
 
-def _read_safetensors(path: Path):
-    """{name: (dtype, shape, offsets)}, the data offset, for a safetensors file."""
+def _show(value, limit: int = 60) -> str:
+    """A value as a message shows it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _open_regular(path: Path, what: str):
+    """``path`` opened for reading as a binary file object, and its size: a FIFO, a device or a
+    folder is refused before anything is read (opened with O_NONBLOCK, so a FIFO without a
+    writer does not wait)."""
     try:
-        with open(path, "rb") as f:
-            size = struct.unpack("<Q", f.read(8))[0]
-            if size > 100_000_000:
-                raise ValueError("header too large")
-            header = json.loads(f.read(size))
-    except (OSError, ValueError, struct.error) as exc:
-        raise PretrainedError(f"'{path}' is not a readable safetensors file: {exc}") from None
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise PretrainedError(f"'{path}' ({what}) cannot be read: {exc.strerror or exc}") from None
+    fh = os.fdopen(fd, "rb")
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        fh.close()
+        raise PretrainedError(f"'{path}' ({what}) is not a regular file (a FIFO, device or "
+                              "folder); a checkpoint's files must be plain files")
+    return fh, st.st_size
+
+
+def _read_regular(path: Path, what: str, limit: int) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes (the size checked first)."""
+    fh, size = _open_regular(path, what)
+    with fh:
+        if size > limit:
+            raise PretrainedError(f"'{path}' ({what}) holds {size} bytes, more than the "
+                                  f"{limit} this reader accepts")
+        try:
+            return fh.read(limit + 1)[:limit]
+        except OSError as exc:
+            raise PretrainedError(f"'{path}' ({what}) cannot be read: {exc.strerror or exc}") from None
+
+
+def _parse_json(data: bytes, path: Path):
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise PretrainedError(f"'{path}' is not readable JSON: its arrays or objects are nested "
+                              "too deeply") from None
+    except ValueError as exc:   # UnicodeDecodeError included
+        raise PretrainedError(f"'{path}' is not readable JSON: {exc}") from None
+
+
+def _read_safetensors(path: Path):
+    """{name: {dtype, shape, data_offsets}}, the data offset, for a safetensors file. Every
+    entry is checked here, before any tensor is read: a known dtype, a shape of integers >= 0,
+    offsets 0 <= start <= stop inside the file's data, and shape times item size equal to the
+    span (so no read is larger than the file and every read reshapes)."""
+    fh, file_size = _open_regular(path, "the weights")
+    with fh:
+        first = fh.read(8)
+        if len(first) < 8:
+            raise PretrainedError(f"'{path}' is not a safetensors file: {len(first)} bytes, "
+                                  "shorter than the 8-byte header length")
+        size = struct.unpack("<Q", first)[0]
+        if size > HEADER_LIMIT or 8 + size > file_size:
+            raise PretrainedError(f"'{path}' is not a safetensors file: its header length {size} "
+                                  f"is beyond the file's {file_size} bytes or the format's limit "
+                                  f"of {HEADER_LIMIT}")
+        raw = fh.read(size)
+    header = _parse_json(raw, path)
+    if not isinstance(header, dict):
+        raise PretrainedError(f"'{path}': the safetensors header must be a JSON object (tensor "
+                              f"name -> entry), got {type(header).__name__}")
     header.pop("__metadata__", None)
+    data_size = file_size - 8 - size
+    for key, info in header.items():
+        _check_entry(path, key, info, data_size)
     return header, 8 + size
+
+
+def _check_entry(path: Path, key: str, info, data_size: int) -> None:
+    where = f"'{path}' tensor '{key}'"
+    if not isinstance(info, dict):
+        raise PretrainedError(f"{where}: expected an object with dtype, shape and data_offsets, "
+                              f"got {_show(info)}")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str) or not dtype:
+        raise PretrainedError(f"{where} key 'dtype': expected a safetensors dtype such as "
+                              f"{', '.join(_FLOAT_DTYPES)}, got {_show(dtype)}")
+    if not isinstance(shape, list) or not all(_is_int(v) and v >= 0 for v in shape):
+        raise PretrainedError(f"{where} key 'shape': expected a list of integers >= 0, got "
+                              f"{_show(shape)}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(v) for v in offsets)):
+        raise PretrainedError(f"{where} key 'data_offsets': expected [start, stop] (integers), "
+                              f"got {_show(offsets)}")
+    start, stop = offsets
+    if not 0 <= start <= stop <= data_size:
+        raise PretrainedError(f"{where} key 'data_offsets': [{start}, {stop}] is not a span "
+                              f"0 <= start <= stop <= {data_size} (the file's data bytes); the "
+                              "file is truncated or its header is damaged")
+    if dtype not in _DTYPE_SIZES:   # a newer dtype: its span is not checked; refused if read
+        return
+    span, count = stop - start, 1
+    for v in shape:
+        count *= v
+        if count > span:      # stop early: a shape of huge numbers is not multiplied out
+            break
+    if 0 not in shape and count * _DTYPE_SIZES[dtype] != span:
+        raise PretrainedError(f"{where}: shape {_show(shape)} of {dtype} needs "
+                              f"{'more than ' if count > span else ''}"
+                              f"{count * _DTYPE_SIZES[dtype]} bytes, but data_offsets span {span}")
+    if 0 in shape and span:
+        raise PretrainedError(f"{where}: shape {_show(shape)} holds no values, but data_offsets "
+                              f"span {span} bytes")
 
 
 @dataclass
@@ -188,68 +300,98 @@ class Checkpoint:
 
     @property
     def hidden(self) -> int:
-        return int(self._cfg("hidden_size", "n_embd"))
+        return self._cfg("hidden_size", "n_embd")
 
     @property
     def n_heads(self) -> int:
-        return int(self._cfg("num_attention_heads", "n_head"))
+        return self._cfg("num_attention_heads", "n_head")
 
     @property
     def n_kv_heads(self) -> int:
         if self.layout != "llama":
             return self.n_heads
-        return int(self.config.get("num_key_value_heads") or self.n_heads)
+        return self._cfg("num_key_value_heads", default=self.n_heads)
 
     @property
     def n_layers(self) -> int:
-        return int(self._cfg("num_hidden_layers", "n_layer"))
+        return self._cfg("num_hidden_layers", "n_layer")
 
     @property
     def head_dim(self) -> int:
-        return int(self.config.get("head_dim") or self.hidden // self.n_heads)
+        return self._cfg("head_dim", default=max(1, self.hidden // self.n_heads))
 
     @property
     def max_positions(self) -> int | None:
-        v = self.config.get("max_position_embeddings", self.config.get("n_positions"))
-        return None if v is None else int(v)
+        return self._cfg("max_position_embeddings", "n_positions", default=None)
 
     @property
     def causal(self) -> bool:
         return self.layout in ("gpt2", "llama")
 
-    def _cfg(self, *keys):
+    _NO_DEFAULT = object()
+
+    def _cfg(self, *keys, default=_NO_DEFAULT):
+        """An integer >= 1 from config.json under the first of ``keys`` present (null counts
+        as absent), else ``default``, else an error naming the file and the keys."""
         for k in keys:
-            if k in self.config:
-                v = self.config[k]
-                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            v = self.config.get(k)
+            if v is not None:
+                if not _is_int(v) or v < 1:
                     raise PretrainedError(f"'{self.folder / 'config.json'}' key '{k}': expected "
-                                          f"an integer >= 1, got {v!r}")
+                                          f"an integer >= 1, got {_show(v)}")
                 return v
+        if default is not self._NO_DEFAULT:
+            return default
         raise PretrainedError(f"'{self.folder / 'config.json'}' has no key "
                               f"{' or '.join(repr(k) for k in keys)}")
+
+    def number(self, key: str, default: float) -> float:
+        """A real number >= 0 from config.json (``default`` when absent)."""
+        v = self.config.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+            raise PretrainedError(f"'{self.folder / 'config.json'}' key '{key}': expected a "
+                                  f"number >= 0, got {_show(v)}")
+        return float(v)
 
     def has(self, name: str) -> bool:
         return self.prefix + name in self._header
 
-    def tensor(self, name: str) -> np.ndarray:
-        """A tensor as float64 (float16/bfloat16 converted; recorded in ``converted``)."""
+    def shape(self, name: str) -> tuple:
+        """A tensor's shape from the header (nothing read)."""
+        return tuple(self._header[self.prefix + name]["shape"])
+
+    def tensor(self, name: str, want: tuple | None = None) -> np.ndarray:
+        """A tensor as float64 (float16/bfloat16 converted; recorded in ``converted``).
+        ``want``: the shape it must have (None for a free axis), checked before reading."""
         key = self.prefix + name
         if key not in self._header:
             raise PretrainedError(f"'{self.weights_file}' has no tensor '{key}' (the "
                                   f"{self.layout} layout needs it)")
-        info = self._header[key]
+        info = self._header[key]   # checked by _read_safetensors: dtype, shape, span
         dtype, shape, (start, stop) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-        if dtype not in _DTYPE_SIZES:
-            raise PretrainedError(f"'{self.weights_file}' tensor '{key}': dtype {dtype} is not "
-                                  f"a float type this reader converts ({', '.join(_DTYPE_SIZES)})")
-        with open(self.weights_file, "rb") as f:
-            f.seek(self._data_offset + start)
-            raw = f.read(stop - start)
+        if dtype not in _FLOAT_DTYPES:
+            raise PretrainedError(f"'{self.weights_file}' tensor '{key}': dtype {_show(dtype)} is "
+                                  "not a float type this reader converts "
+                                  f"({', '.join(_FLOAT_DTYPES)})")
+        if want is not None and (len(want) != len(shape) or
+                                 any(w is not None and w != v for w, v in zip(want, shape))):
+            shown = "(" + ", ".join("any" if w is None else str(w) for w in want) + ")"
+            raise PretrainedError(f"'{self.weights_file}' tensor '{key}': expected shape {shown} "
+                                  f"from config.json, got {shape}")
+        fh, size = _open_regular(self.weights_file, "the weights")
+        with fh:
+            try:
+                fh.seek(self._data_offset + start)
+                raw = fh.read(stop - start)
+            except OSError as exc:
+                raise PretrainedError(f"'{self.weights_file}' tensor '{key}' cannot be read: "
+                                      f"{exc.strerror or exc}") from None
+        if len(raw) != stop - start:
+            raise PretrainedError(f"'{self.weights_file}' tensor '{key}': {len(raw)} bytes read of "
+                                  f"{stop - start}; the file changed or was cut short")
+        arr = np.frombuffer(raw, dtype=_FLOAT_DTYPES[dtype])
         if dtype == "BF16":
-            bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
-            arr = bits.view(np.float32)
-        else:
-            arr = np.frombuffer(raw, dtype={"F64": "<f8", "F32": "<f4", "F16": "<f2"}[dtype])
+            arr = (arr.astype(np.uint32) << 16).view(np.float32)
         if dtype in ("F16", "BF16"):
             self.converted.add({"F16": "float16", "BF16": "bfloat16"}[dtype])
         return arr.astype(np.float64).reshape(shape)
@@ -257,26 +399,30 @@ class Checkpoint:
 
 def _layout(config: dict, where: Path) -> str:
     mt = config.get("model_type")
-    if mt in _MODEL_TYPES and _MODEL_TYPES[mt]:
+    if isinstance(mt, str) and _MODEL_TYPES.get(mt):
         return _MODEL_TYPES[mt]
-    for arch in config.get("architectures") or []:
+    archs = config.get("architectures")
+    for arch in archs if isinstance(archs, list) else []:
         for stem, layout in _ARCH_HINTS:
             if isinstance(arch, str) and arch.startswith(stem):
                 return layout
     known = sorted(k for k, v in _MODEL_TYPES.items() if v)
-    raise PretrainedError(f"'{where}' key 'model_type': unknown architecture {mt!r} "
-                          f"(architectures {config.get('architectures')!r}); supported model "
+    raise PretrainedError(f"'{where}' key 'model_type': unknown architecture {_show(mt)} "
+                          f"(architectures {_show(archs)}); supported model "
                           f"types: {', '.join(known)} (layouts {', '.join(LAYOUTS)})")
 
 
+_PROBES = {"bert": "encoder.layer.{}.attention.self.query.weight", "gpt2": "h.{}.attn.c_attn.weight",
+           "llama": "layers.{}.self_attn.q_proj.weight"}
+
+
 def open_checkpoint(model) -> Checkpoint:
-    """Open a checkpoint folder or installed package (reads config.json and the tensor index)."""
+    """Open a checkpoint folder or installed package (reads config.json and the tensor index).
+    The sizes config.json declares are held to the tensors the file holds (its first and last
+    layer's query weight), so no size read from config.json exceeds what the file backs."""
     folder = resolve_model(model)
     cfg_path = folder / "config.json"
-    try:
-        config = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise PretrainedError(f"'{cfg_path}' is not readable JSON: {exc}") from None
+    config = _parse_json(_read_regular(cfg_path, "the model's config", CONFIG_LIMIT), cfg_path)
     if not isinstance(config, dict):
         raise PretrainedError(f"'{cfg_path}': expected a JSON object, got {type(config).__name__}")
     layout = _layout(config, cfg_path)
@@ -286,8 +432,7 @@ def open_checkpoint(model) -> Checkpoint:
                               "safetensors checkpoints are read; no pytorch_model.bin)")
     header, offset = _read_safetensors(weights)
     ck = Checkpoint(folder, config, layout, weights, header, offset)
-    probe = {"bert": "encoder.layer.0.attention.self.query.weight", "gpt2": "h.0.attn.c_attn.weight",
-             "llama": "layers.0.self_attn.q_proj.weight"}[layout]
+    probe = _PROBES[layout].format(0)
     for p in _PREFIXES:
         if p + probe in header:
             ck.prefix = p
@@ -302,6 +447,16 @@ def open_checkpoint(model) -> Checkpoint:
     if ck.n_heads % ck.n_kv_heads:
         raise PretrainedError(f"'{cfg_path}' key 'num_key_value_heads': {ck.n_kv_heads} does not "
                               f"divide num_attention_heads = {ck.n_heads}")
+    d = ck.hidden
+    want = (d, 3 * d) if layout == "gpt2" else (ck.n_heads * ck.head_dim, d)
+    if ck.shape(probe) != want:
+        raise PretrainedError(f"'{cfg_path}': its sizes (hidden {d}, {ck.n_heads} heads) give "
+                              f"tensor '{ck.prefix}{probe}' the shape {want}, but '{weights}' "
+                              f"holds {ck.shape(probe)}")
+    last = _PROBES[layout].format(ck.n_layers - 1)
+    if not ck.has(last):
+        raise PretrainedError(f"'{cfg_path}' declares {ck.n_layers} layers, but '{weights}' has "
+                              f"no tensor '{ck.prefix}{last}' (its layers end earlier)")
     return ck
 
 
@@ -346,36 +501,31 @@ def _ratio(b, w) -> float:
 
 
 def _layer_weights(ck: Checkpoint, layer: int):
-    """(W_Q, W_K, W_V, W_O) as (out, in) matrices and their biases (None where absent)."""
+    """(W_Q, W_K, W_V, W_O) as (out, in) matrices and their biases (None where absent); every
+    shape is checked against config.json before the tensor is read."""
     d, H, Hkv, dh = ck.hidden, ck.n_heads, ck.n_kv_heads, ck.head_dim
+    want = [(H * dh, d), (Hkv * dh, d), (Hkv * dh, d), (d, H * dh)]
+    if ck.layout == "gpt2":
+        base = f"h.{layer}.attn."
+        w = ck.tensor(base + "c_attn.weight", (d, 3 * d))   # Conv1D: (in, 3 out), y = x W + b
+        ws = [w[:, :d].T, w[:, d:2 * d].T, w[:, 2 * d:].T,
+              ck.tensor(base + "c_proj.weight", (d, d)).T]
+        bs = [None] * 4
+        if ck.has(base + "c_attn.bias"):
+            b = ck.tensor(base + "c_attn.bias", (3 * d,))
+            bs[:3] = [b[:d], b[d:2 * d], b[2 * d:]]
+        if ck.has(base + "c_proj.bias"):
+            bs[3] = ck.tensor(base + "c_proj.bias", (d,))
+        return ws, bs
     if ck.layout == "bert":
         base = f"encoder.layer.{layer}.attention."
         names = [base + "self.query", base + "self.key", base + "self.value", base + "output.dense"]
-        ws = [ck.tensor(n + ".weight") for n in names]
-        bs = [ck.tensor(n + ".bias") if ck.has(n + ".bias") else None for n in names]
-    elif ck.layout == "gpt2":
-        base = f"h.{layer}.attn."
-        w = ck.tensor(base + "c_attn.weight")          # Conv1D: (in, 3 out), y = x W + b
-        if w.shape != (d, 3 * d):
-            raise PretrainedError(f"'{ck.weights_file}' tensor '{ck.prefix}{base}c_attn.weight': "
-                                  f"expected shape ({d}, {3 * d}), got {w.shape}")
-        ws = [w[:, :d].T, w[:, d:2 * d].T, w[:, 2 * d:].T, ck.tensor(base + "c_proj.weight").T]
-        bs = [None] * 4
-        if ck.has(base + "c_attn.bias"):
-            b = ck.tensor(base + "c_attn.bias")
-            bs[:3] = [b[:d], b[d:2 * d], b[2 * d:]]
-        if ck.has(base + "c_proj.bias"):
-            bs[3] = ck.tensor(base + "c_proj.bias")
     else:
         base = f"layers.{layer}.self_attn."
         names = [base + p for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
-        ws = [ck.tensor(n + ".weight") for n in names]
-        bs = [ck.tensor(n + ".bias") if ck.has(n + ".bias") else None for n in names]
-    want = [(H * dh, d), (Hkv * dh, d), (Hkv * dh, d), (d, H * dh)]
-    for w, s, what in zip(ws, want, ("query", "key", "value", "output")):
-        if w.shape != s:
-            raise PretrainedError(f"'{ck.weights_file}' layer {layer} {what} weight: expected "
-                                  f"shape {s} from config.json, got {w.shape}")
+    ws = [ck.tensor(n + ".weight", s) for n, s in zip(names, want)]
+    bs = [ck.tensor(n + ".bias", s[:1]) if ck.has(n + ".bias") else None
+          for n, s in zip(names, want)]
     return ws, bs
 
 
@@ -410,7 +560,7 @@ def load_heads(model, layer: int = 0, heads=None, fold_layernorm: bool = False,
         raise PretrainedError(f"value: expected 'weights' or 'score', got {value!r}")
     notes = []
     if ck.layout == "llama":
-        theta = ck.config.get("rope_theta", 10000.0)
+        theta = ck.number("rope_theta", 10000.0)
         if rotary == "refuse":
             raise PretrainedError(
                 f"'{cfg}': the llama layout uses rotary position embeddings (rope_theta = "
@@ -427,13 +577,13 @@ def load_heads(model, layer: int = 0, heads=None, fold_layernorm: bool = False,
         if not ck.has(norm + ".weight"):
             raise PretrainedError(f"'{ck.weights_file}' has no tensor '{ck.prefix}{norm}.weight' "
                                   "to fold into the heads")
-        g = ck.tensor(norm + ".weight")
+        g = ck.tensor(norm + ".weight", (ck.hidden,))
         wq, wk, wv = wq * g, wk * g, wv * g
         folded = norm
         bias_note = " (its bias is not folded)" if ck.has(norm + ".bias") else ""
         notes.append(f"LayerNorm gain '{norm}.weight' folded into W_Q, W_K, W_V{bias_note}")
     elif ck.has(norm + ".weight"):
-        g = ck.tensor(norm + ".weight")
+        g = ck.tensor(norm + ".weight", (ck.hidden,))
         notes.append(f"LayerNorm gain '{norm}.weight' (mean {g.mean():.3g}, std {g.std():.3g}) "
                      "not folded (fold_layernorm = true folds it into W_Q, W_K, W_V)")
     ratios = {}
@@ -514,13 +664,17 @@ def text_tokens(model, text: str, layernorm: bool = True, sphere: bool = True,
         raise PretrainedError(f"model folder '{ck.folder}' has no tokenizer.json (needed for "
                               "init = 'text')")
     tokenizers = _require("tokenizers")
+    data = _read_regular(tok_file, "the tokenizer", TOKENIZER_LIMIT)
     try:
-        tok = tokenizers.Tokenizer.from_file(str(tok_file))
+        tok = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
+        tok.no_truncation()
+        tok.no_padding()
+        enc = tok.encode(text, add_special_tokens=special_tokens)
+    except RecursionError:
+        raise PretrainedError(f"'{tok_file}' could not be read by tokenizers: nested too "
+                              "deeply") from None
     except Exception as exc:  # noqa: BLE001 - the library's own exception types vary
         raise PretrainedError(f"'{tok_file}' could not be read by tokenizers: {exc}") from None
-    tok.no_truncation()
-    tok.no_padding()
-    enc = tok.encode(text, add_special_tokens=special_tokens)
     ids, strings = list(enc.ids), list(enc.tokens)
     n = len(ids)
     limit = ck.max_positions
@@ -530,24 +684,38 @@ def text_tokens(model, text: str, layernorm: bool = True, sphere: bool = True,
                               "shorten the text", key="text")
     if n < 2:
         raise PretrainedError(f"text: {n} token; a flow needs at least 2", key="text")
+    d = ck.hidden
+
+    def rows(name: str, needed: int, what: str) -> np.ndarray:
+        """A (rows, d) embedding table, holding at least ``needed`` rows."""
+        table = ck.tensor(name, (None, d))
+        if table.shape[0] < needed:
+            raise PretrainedError(f"'{ck.weights_file}' tensor '{ck.prefix}{name}' has "
+                                  f"{table.shape[0]} rows, but {what} needs row {needed - 1} "
+                                  f"(the text '{_show(text, 40)[1:-1]}')")
+        return table
+
     notes = []
+    top = max(ids)
+    word_table = {"bert": "embeddings.word_embeddings.weight", "gpt2": "wte.weight",
+                  "llama": "embed_tokens.weight"}[ck.layout]
+    words = rows(word_table, top + 1, f"'{ck.folder / 'tokenizer.json'}' token id {top} "
+                                      f"({_show(strings[ids.index(top)], 30)})")
+    x = words[ids]
     if ck.layout == "bert":
-        x = ck.tensor("embeddings.word_embeddings.weight")[ids]
-        x = x + ck.tensor("embeddings.position_embeddings.weight")[:n]
+        x = x + rows("embeddings.position_embeddings.weight", n, f"position {n - 1}")[:n]
         if ck.has("embeddings.token_type_embeddings.weight"):
-            x = x + ck.tensor("embeddings.token_type_embeddings.weight")[0]
+            x = x + rows("embeddings.token_type_embeddings.weight", 1, "token type 0")[0]
         if layernorm:
-            eps = float(ck.config.get("layer_norm_eps", 1e-12))
+            eps = ck.number("layer_norm_eps", 1e-12)
             mu = x.mean(axis=1, keepdims=True)
             var = ((x - mu) ** 2).mean(axis=1, keepdims=True)
-            x = (x - mu) / np.sqrt(var + eps) * ck.tensor("embeddings.LayerNorm.weight")
+            x = (x - mu) / np.sqrt(var + eps) * ck.tensor("embeddings.LayerNorm.weight", (d,))
             if ck.has("embeddings.LayerNorm.bias"):
-                x = x + ck.tensor("embeddings.LayerNorm.bias")
+                x = x + ck.tensor("embeddings.LayerNorm.bias", (d,))
             notes.append("embedding LayerNorm applied")
     elif ck.layout == "gpt2":
-        x = ck.tensor("wte.weight")[ids] + ck.tensor("wpe.weight")[:n]
-    else:
-        x = ck.tensor("embed_tokens.weight")[ids]
+        x = x + rows("wpe.weight", n, f"position {n - 1}")[:n]
     if sphere:
         norms = np.linalg.norm(x, axis=1, keepdims=True)
         if np.any(norms == 0):

@@ -4,6 +4,7 @@ mapping held exact: the engine's velocity (flat geometry, softmax, beta = 1, one
 no tangent projection) equals the attention layer computed here directly from the arrays."""
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -537,3 +538,237 @@ def test_an_installed_model_package_is_found_by_its_name_and_distribution(tmp_pa
     (other / "gt_moved_model").symlink_to(other / "lib" / "gt_moved_model")
     assert P.resolve_model("gt-moved-model") == (other / "lib" / "gt_moved_model").resolve()
     assert not marker.exists() and "gt_fake_model" not in sys.modules
+
+
+# ----------------------------------------------------------------------------- damaged checkpoints
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+
+def _raw_safetensors(path: Path, header, data: bytes = b"", length: int | None = None) -> None:
+    """A safetensors file as written by hand: the 8-byte length, the header (an object, other
+    JSON, or bytes) and the data."""
+    blob = header if isinstance(header, bytes) else json.dumps(header).encode()
+    path.write_bytes((len(blob) if length is None else length).to_bytes(8, "little") + blob + data)
+
+
+def _header_and_data(folder: Path):
+    f = folder / "model.safetensors"
+    raw = f.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    return header, raw[8 + n:]
+
+
+def _every_use(folder: Path) -> None:
+    """Everything the program does with a checkpoint: open it, every layer's heads (and their
+    table), the text's tokens."""
+    ck = P.open_checkpoint(folder)
+    for layer in range(ck.n_layers):
+        P.head_table(P.load_heads(ck, layer, rotary="drop", fold_layernorm=True))
+    P.text_tokens(ck, "the cat sat")
+
+
+Q = "encoder.layer.0.attention.self.query.weight"
+
+
+def _edit_entry(**change):
+    def edit(header, data):
+        header[Q] = {**header[Q], **change}
+        for k, v in change.items():
+            if v is None:
+                del header[Q][k]
+        return header, data
+    return edit
+
+
+DAMAGED = {   # name: (edit of (header, data) -> (header or bytes, data), words the error has)
+    "header is an array": (lambda h, d: ([1, 2], d), "must be a JSON object"),
+    "header is a number": (lambda h, d: (7, d), "must be a JSON object"),
+    "header is not JSON": (lambda h, d: (b"{nope", d), "not readable JSON"),
+    "header is not UTF-8": (lambda h, d: (b"\xff\xfe{}", d), "not readable JSON"),
+    "header nested 100,000 deep": (lambda h, d: (b"[" * 100_000, d), "nested too deeply"),
+    "entry is a string": (lambda h, d: ({**h, Q: "x"}, d), f"tensor '{Q}': expected an object"),
+    "entry without dtype": (_edit_entry(dtype=None), f"tensor '{Q}' key 'dtype'"),
+    "dtype a number": (_edit_entry(dtype=3), f"tensor '{Q}' key 'dtype'"),
+    "unknown dtype": (_edit_entry(dtype="F7"), "dtype 'F7' is not a float type"),
+    "integer dtype": (_edit_entry(dtype="I32"), "dtype 'I32' is not a float type"),
+    "entry without shape": (_edit_entry(shape=None), f"tensor '{Q}' key 'shape'"),
+    "fractional shape": (_edit_entry(shape=[8.5, 8]), f"tensor '{Q}' key 'shape'"),
+    "float shape": (_edit_entry(shape=[8.0, 8]), f"tensor '{Q}' key 'shape'"),
+    "negative shape": (_edit_entry(shape=[-8, -8]), f"tensor '{Q}' key 'shape'"),
+    "boolean shape": (_edit_entry(shape=[True, 8]), f"tensor '{Q}' key 'shape'"),
+    "shape too large for the span": (_edit_entry(shape=[8, 9]), "needs 288 bytes, but data_offsets span 256"),
+    "shape of huge numbers": (_edit_entry(shape=[10 ** 30, 10 ** 30]), "needs more than"),
+    "empty shape with data": (_edit_entry(shape=[0, 8]), "holds no values"),
+    "offsets spanning 40 GiB": (_edit_entry(data_offsets=[0, 40 * 2 ** 30]), "key 'data_offsets': [0, 42949672960]"),
+    "stop before start": (_edit_entry(data_offsets=[256, 0]), "key 'data_offsets': [256, 0]"),
+    "negative offsets": (_edit_entry(data_offsets=[-256, 0]), "key 'data_offsets'"),
+    "three offsets": (_edit_entry(data_offsets=[0, 256, 512]), "key 'data_offsets': expected [start, stop]"),
+    "string offsets": (_edit_entry(data_offsets=["0", "256"]), "key 'data_offsets'"),
+    "data cut short": (lambda h, d: (h, d[:len(d) // 2]), "key 'data_offsets'"),
+    "no data at all": (lambda h, d: (h, b""), "key 'data_offsets'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED))
+def test_a_damaged_safetensors_file_is_one_named_refusal(tmp_path, case):
+    """The issue's damaged checkpoints (a JSON array as header, no dtype, 40 GiB offsets in a
+    5 KB file, a fractional shape, ...): each a PretrainedError (exit 2) naming the file and,
+    for an entry, the tensor and the key; offsets are checked before anything is allocated."""
+    make_checkpoint(tmp_path / "m", "bert", d=8, H=2, dtype=np.float32)
+    edit, words = DAMAGED[case]
+    header, data = edit(*_header_and_data(tmp_path / "m"))
+    _raw_safetensors(tmp_path / "m" / "model.safetensors", header, data)
+    with pytest.raises(P.PretrainedError) as err:
+        _every_use(tmp_path / "m")
+    assert "model.safetensors'" in str(err.value) and words in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("length, words", [(10 ** 9, "header length 1000000000 is beyond"),
+                                           (2 ** 64 - 1, "is beyond the file's")])
+def test_a_header_length_beyond_the_file_is_refused_before_reading(tmp_path, length, words):
+    make_checkpoint(tmp_path / "m", "bert", d=8, H=2)
+    _raw_safetensors(tmp_path / "m" / "model.safetensors", {}, b"", length=length)
+    with pytest.raises(P.PretrainedError, match=words):
+        P.open_checkpoint(tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"\x01\x02")
+    with pytest.raises(P.PretrainedError, match="shorter than the 8-byte header length"):
+        P.open_checkpoint(tmp_path / "m")
+
+
+CONFIGS = {   # name: (change to config.json, words the error has)
+    "model_type a list": ({"model_type": ["bert"], "architectures": None}, "key 'model_type': unknown architecture ['bert']"),
+    "architectures a number": ({"model_type": "t5", "architectures": 5}, "key 'model_type': unknown architecture 't5'"),
+    "hidden size a string": ({"hidden_size": "x"}, "key 'hidden_size': expected an integer >= 1, got 'x'"),
+    "hidden size a float": ({"hidden_size": 8.0}, "key 'hidden_size': expected an integer >= 1"),
+    "hidden size beyond the tensors": ({"hidden_size": 10 ** 9}, "give tensor 'encoder.layer.0.attention.self.query.weight' the shape"),
+    "heads beyond the hidden size": ({"num_attention_heads": 16}, "hidden size 8 is not a multiple of 16 heads"),
+    "10^9 layers": ({"num_hidden_layers": 10 ** 9}, "declares 1000000000 layers"),
+    "layers zero": ({"num_hidden_layers": 0}, "key 'num_hidden_layers': expected an integer >= 1"),
+    "positions a string": ({"max_position_embeddings": "x"}, "key 'max_position_embeddings': expected an integer"),
+    "eps a string": ({"layer_norm_eps": "x"}, "key 'layer_norm_eps': expected a number >= 0, got 'x'"),
+    "eps negative": ({"layer_norm_eps": -1}, "key 'layer_norm_eps'"),
+    "head_dim zero": ({"head_dim": 0}, "key 'head_dim': expected an integer >= 1"),
+    "head_dim huge": ({"head_dim": 10 ** 6}, "the shape"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONFIGS))
+def test_a_damaged_config_is_one_named_refusal(tmp_path, case):
+    """config.json values of the wrong kind or beyond what the tensors hold: a PretrainedError
+    naming config.json and the key (a declared 10^9 layers is refused before any list of
+    layers is made: it made `particles heads` allocate without limit)."""
+    make_checkpoint(tmp_path / "m", "bert", d=8, H=2)
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    change, words = CONFIGS[case]
+    cfg.update(change)
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(P.PretrainedError) as err:
+        _every_use(tmp_path / "m")
+    assert "config.json'" in str(err.value) and words in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"num_key_value_heads": "x"}, "key 'num_key_value_heads': expected an integer"),
+    ({"num_key_value_heads": 3}, "key 'num_key_value_heads': 3 does not divide"),
+    ({"rope_theta": [1]}, "key 'rope_theta': expected a number"),
+])
+def test_a_damaged_llama_config_is_one_named_refusal(tmp_path, change, words):
+    make_checkpoint(tmp_path / "m", "llama", d=8, H=4, Hkv=2)
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    cfg.update(change)
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(P.PretrainedError, match=words):
+        _every_use(tmp_path / "m")
+
+
+@pytest.mark.parametrize("text, words", [(b"[" * 100_000, "nested too deeply"),
+                                         (b"[1, 2]", "expected a JSON object, got list"),
+                                         (b"\xff", "not readable JSON")])
+def test_a_config_that_is_not_an_object_is_refused(tmp_path, text, words):
+    make_checkpoint(tmp_path / "m", "bert", d=8, H=2)
+    (tmp_path / "m" / "config.json").write_bytes(text)
+    with pytest.raises(P.PretrainedError, match=words) as err:
+        P.open_checkpoint(tmp_path / "m")
+    assert "config.json'" in str(err.value)
+
+
+@pytest.mark.parametrize("layout, table", [("bert", "embeddings.word_embeddings.weight"),
+                                           ("gpt2", "wte.weight"), ("llama", "embed_tokens.weight"),
+                                           ("bert", "embeddings.position_embeddings.weight"),
+                                           ("gpt2", "wpe.weight")])
+def test_a_token_beyond_the_embedding_table_is_refused(tmp_path, layout, table):
+    """A tokenizer whose ids (or a text whose positions) go beyond the embedding table (an
+    IndexError, also from `particles run` with init = "text"): a PretrainedError naming the
+    tensor and the row."""
+    t = make_checkpoint(tmp_path / "m", layout, d=8, H=2, Hkv=2, dtype=np.float32)
+    t[table] = t[table][:3]   # 3 rows: "the cat sat" needs ids up to 6 and 3 to 5 positions
+    safetensors_numpy.save_file({k: v.astype(np.float32) for k, v in t.items()},
+                                str(tmp_path / "m" / "model.safetensors"))
+    with pytest.raises(P.PretrainedError, match=rf"tensor '{re.escape(table)}' has 3 rows, but"):
+        P.text_tokens(tmp_path / "m", "the cat sat on the mat")
+
+
+@pytest.mark.parametrize("content", [b"{", b"[" * 100_000, b"\xff\xfe", b'{"model": 5}'])
+def test_a_damaged_tokenizer_is_refused(tmp_path, content):
+    make_checkpoint(tmp_path / "m", "bert", d=8, H=2)
+    (tmp_path / "m" / "tokenizer.json").write_bytes(content)
+    with pytest.raises(P.PretrainedError, match="tokenizer.json' could not be read by tokenizers"):
+        P.text_tokens(tmp_path / "m", "the cat")
+
+
+def test_damaged_checkpoints_exit_2_from_the_command_line(tmp_path):
+    from cli_runner import particles_cli
+    make_checkpoint(tmp_path / "m", "bert", d=8, H=2)
+    header, data = _header_and_data(tmp_path / "m")
+    header[Q]["data_offsets"] = [0, 40 * 2 ** 30]
+    _raw_safetensors(tmp_path / "m" / "model.safetensors", header, data)
+    done = particles_cli("heads", tmp_path / "m", "--out", tmp_path / "o")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "model.safetensors" in done.stderr and "data_offsets" in done.stderr
+
+
+_DTYPES = st.sampled_from(["F32", "F64", "F16", "BF16", "I64", "U8", "F7", "", 3, None, ["F32"]])
+_INTS = st.one_of(st.integers(-3, 300), st.integers(-2 ** 70, 2 ** 70))
+_SHAPES = st.one_of(st.lists(st.one_of(st.integers(-2, 10), st.just(8)), max_size=3),
+                    st.lists(st.one_of(st.floats(allow_nan=True), st.booleans(), st.text(max_size=2)), max_size=2),
+                    st.none(), st.integers(), st.text(max_size=3))
+_OFFSETS = st.one_of(st.lists(_INTS, min_size=2, max_size=2), st.lists(_INTS, max_size=4),
+                     st.lists(st.floats(), min_size=2, max_size=2), st.none(), st.text(max_size=3))
+_ENTRY = st.one_of(st.fixed_dictionaries({}, optional={"dtype": _DTYPES, "shape": _SHAPES,
+                                                         "data_offsets": _OFFSETS}),
+                   st.fixed_dictionaries({"dtype": st.just("F32"), "shape": st.just([4, 4]),
+                                          "data_offsets": _OFFSETS}),
+                   st.integers(), st.text(max_size=3), st.none())
+_NAMES = st.sampled_from([f"encoder.layer.0.attention.{n}.weight" for n in
+                          ("self.query", "self.key", "self.value", "output.dense")] +
+                         ["embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
+                          "embeddings.LayerNorm.weight", "__metadata__"])
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck))
+@given(header=st.one_of(st.dictionaries(_NAMES, _ENTRY, max_size=7),
+                        st.lists(st.integers(), max_size=2), st.integers(), st.binary(max_size=20)),
+       data_size=st.integers(0, 700), length=st.one_of(st.none(), st.integers(0, 2 ** 64 - 1)))
+def test_the_safetensors_reader_fuzzed_raises_only_its_own_error(header, data_size, length):
+    """Headers, offsets, shapes and dtypes drawn at random (beside a valid config.json and
+    tokenizer): every use of the checkpoint succeeds or raises PretrainedError, nothing else
+    (no TypeError, KeyError, MemoryError, IndexError or bare ValueError)."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        cfg = {"model_type": "bert", "hidden_size": 4, "num_attention_heads": 2,
+               "num_hidden_layers": 1, "max_position_embeddings": 16}
+        (folder / "config.json").write_text(json.dumps(cfg))
+        _tokenizer(folder, special=True)
+        _raw_safetensors(folder / "model.safetensors", header, bytes(range(256)) * 3 if data_size else b"",
+                         length=length)
+        with open(folder / "model.safetensors", "r+b") as f:
+            f.truncate(8 + len(header if isinstance(header, bytes) else json.dumps(header).encode())
+                       + data_size)
+        try:
+            _every_use(folder)
+        except P.PretrainedError as err:
+            assert str(folder) in str(err)
