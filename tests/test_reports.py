@@ -125,12 +125,101 @@ def test_identities_and_information_are_counted_apart_from_experiments(tmp_path)
 
 
 def test_the_reproduce_modules_identity_checks_are_marked():
-    """The five algebraic identities the issue names carry identity=True in the source."""
+    """Rows that follow by construction carry identity=True in the source (issues 26 and 34): e2's
+    Condition 8 implication, C_h = 0 on disjoint blocks and flat space's T_h >= 0; e3's golden ratio,
+    kinetic/H, the paper's-form implication and the closed forms' beta_rho = beta* + gap; e7's overlap
+    norm and its per-head rate at delta = 0 (starts kept because rho_h <= 1); e8's token 0 at rest."""
     import inspect
-    from particles.app.reproduce import e2_radial, e3_critical, e7_near_orthogonal
-    assert inspect.getsource(e2_radial).count("identity=True") == 1
-    assert inspect.getsource(e3_critical).count("identity=True") == 3
-    assert inspect.getsource(e7_near_orthogonal).count("identity=True") == 1
+    from particles.app.reproduce import e2_radial, e3_critical, e7_near_orthogonal, e8_causal
+    assert inspect.getsource(e2_radial).count("identity=True") == 3
+    assert inspect.getsource(e3_critical).count("identity=True") == 4
+    assert inspect.getsource(e7_near_orthogonal).count("identity=True") == 2
+    assert inspect.getsource(e8_causal).count("identity=True") == 1
+
+
+def _result_with(checks, agreement="a", table=""):
+    from particles.app.reproduce.common import Result
+    return Result(key="e0", title="A result", theorem="Theorem 0", what="w", claim="c", closed_form="f",
+                  measurement="m", agreement=agreement, params={}, numbers={}, checks=checks, table=table)
+
+
+def test_report_text_stating_another_verdict_than_the_rows_is_found():
+    """Issue 34: e2's paragraph said '(agrees)' for a row whose verdict is 'identity holds'. Prose may
+    state a verdict only as '(row k: <verdict>)', and it must be row k's own."""
+    from particles.app.reproduce import stats
+    from particles.app.reproduce.common import Check, cite
+    from particles.app.reproduce.report import text_problems
+    checks = [Check("an experiment", 0.1, "0", "<= 1", True),
+              Check("Condition 8 implies a rise", 0.0, "0", "none", True, identity=True)]
+    assert text_problems(_result_with(checks, f"it rose {cite(checks, checks[1])}; {cite(checks, checks[0])}")) == []
+    assert cite(checks, checks[1]) == "(row 2: identity holds)"
+    wrong = text_problems(_result_with(checks, "it rose (row 2: agrees)"))
+    assert len(wrong) == 1 and "row 2" in wrong[0] and "identity holds" in wrong[0]
+    assert text_problems(_result_with(checks, "(row 3: agrees)"))            # no such row
+    bare = text_problems(_result_with(checks, "Condition 8 decides it (agrees)."))   # e2's old sentence
+    assert len(bare) == 1 and "without its row" in bare[0]
+    for v in stats.VERDICTS:                 # every verdict word, in any text of the section
+        assert text_problems(_result_with(checks, table=f"| x | {v} |")), v
+    note = [Check("x", 1.0, "0", "<= 1", True, note=f"the fit would be {stats.AGREES}")]
+    assert text_problems(_result_with(note))
+
+
+def test_a_median_must_say_which():
+    """Issue 34: e8 printed the lower median of 20, 57, 105, 249 (57) as 'median'; the usual one is 81."""
+    from particles.app.reproduce.common import Check
+    from particles.app.reproduce.report import bare_medians, text_problems
+    from particles.app.reproduce.stats import censored_median
+    assert censored_median([20, 57, 105, 249]) == 57
+    assert bare_medians("lower median 57, usual median 81, lower medians") == []
+    assert bare_medians("Median collapse time") and bare_medians("the medians over n")
+    checks = [Check("median move", 1.0, "0", "<= 1", True)]
+    assert any("median" in p for p in text_problems(_result_with(checks)))
+    assert text_problems(_result_with([Check("usual median move", 1.0, "0", "<= 1", True)])) == []
+
+
+def test_the_report_lists_inconsistent_text_at_its_top(tmp_path):
+    from particles.app.reproduce.report import write_markdown
+    meta = dict(mode="quick", generated="now", runtime_seconds=1.0, arch="cpu", dtype="float64",
+                particles_version="0", errors={}, text_problems=["e0 agreement: verdict 'agrees' stated without its row"])
+    text = write_markdown(tmp_path / "report.md", [_result_with([])], meta).read_text(encoding="utf-8")
+    assert "inconsistent" in text.split("## 1.")[0] and "stated without its row" in text
+
+
+def _report_strings():
+    """Every literal piece of text in the reproduce modules (plain strings and the literal parts of
+    f-strings; not docstrings, not bare identifiers such as dictionary keys), with file and line."""
+    import ast
+    from pathlib import Path
+    import particles.app.reproduce as pkg
+    out = []
+    for path in sorted(Path(pkg.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docs = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs \
+                    and not re.fullmatch(r"\w*", node.value):
+                out.append((f"{path.name}:{node.lineno}", node.value))
+    return out
+
+
+def test_no_report_text_of_the_experiments_prints_a_median_without_saying_which():
+    """Every 'median' the reproduce modules can print (tables, figures, notes) says lower or usual."""
+    from particles.app.reproduce.report import bare_medians
+    bad = [f"{where}: {text[:70]!r}" for where, text in _report_strings()
+           if bare_medians(text) and not where.startswith("report.py")]      # report.py: the checker's message
+    assert not bad, bad
+
+
+def test_no_report_text_of_the_experiments_states_a_verdict_word_outside_a_row_citation():
+    """The experiments' literal text never spells a verdict; verdicts reach the prose only through
+    ``cite`` (checked at run time by report.text_problems) and the table's verdict column."""
+    from particles.app.reproduce import stats
+    exempt = {"stats.py", "report.py"}          # the verdict names and the report's legend
+    words = re.compile(r"\b(agrees|disagrees|identity holds|cannot decide)\b")
+    bad = [f"{where}: {text[:70]!r}" for where, text in _report_strings()
+           if where.split(":")[0] not in exempt and words.search(text)]
+    assert not bad, bad
+    assert stats.AGREES == "agrees"
 
 
 def test_no_report_text_has_an_unformatted_placeholder():

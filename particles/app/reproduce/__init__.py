@@ -25,7 +25,7 @@ from pathlib import Path
 from . import (e1_energy, e2_radial, e3_critical, e4_heterogeneous, e5_relu, e6_entropy,
                e7_near_orthogonal, e8_causal)
 from .common import jsonable
-from .report import compare_verdicts, verdict_counts, write_markdown
+from .report import compare_verdicts, text_problems, verdict_counts, write_markdown
 
 EXPERIMENTS = [
     ("e1_energy", e1_energy),
@@ -43,7 +43,9 @@ __all__ = ["main", "EXPERIMENTS"]
 
 def main(quick: bool, out_dir: Path, only=None, compare=None) -> Path:
     """Run the experiments (all, or the keys in ``only``), write report.md, report.json and the
-    figures into ``out_dir``, print one progress line per experiment; return report.md's path.
+    figures into ``out_dir``, print progress lines (each experiment's start and end, and its own lines
+    within); return report.md's path. Text that states a verdict other than its row's, or a median
+    without saying which (``report.text_problems``), is printed and listed at the top of the report.
 
     ``compare``: the report.json of another run (e.g. the other mode); the report then lists every
     check whose verdict differs from it (the quick and full modes must reach the same verdicts).
@@ -67,14 +69,18 @@ def main(quick: bool, out_dir: Path, only=None, compare=None) -> Path:
         if unknown:
             raise ValueError(f"unknown experiment(s) {sorted(unknown)}; known: {[k for k, _ in EXPERIMENTS]}")
     t0 = time.perf_counter()
-    results, errors = [], {}
+    results, errors, problems = [], {}, []
     for i, (key, mod) in enumerate(selected, 1):
         t1 = time.perf_counter()
+        print(f"[{i}/{len(selected)}] {key} ...", flush=True)
         try:
             res = mod.run_experiment(quick, out_dir)
             results.append(res)
             counts = verdict_counts(res.checks)
             status = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+            for p in text_problems(res):
+                problems.append(p)
+                print(f"    TEXT ERROR (a bug of particles reproduce): {p}", flush=True)
         except Exception as exc:  # keep going: one broken experiment must not lose the others' report
             errors[key] = "".join(traceback.format_exception(exc))
             status = f"ERROR: {type(exc).__name__}: {exc}"
@@ -83,7 +89,7 @@ def main(quick: bool, out_dir: Path, only=None, compare=None) -> Path:
     meta = dict(mode="quick" if quick else "full", generated=_dt.datetime.now().isoformat(timespec="seconds"),
                 runtime_seconds=total, particles_version=__version__, arch=arch, dtype="float64",
                 python=platform.python_version(), machine=platform.machine(),
-                experiments=[k for k, _ in selected], errors=errors)
+                experiments=[k for k, _ in selected], errors=errors, text_problems=problems)
     try:
         import taichi
         meta["taichi_version"] = ".".join(str(v) for v in taichi.__version__)

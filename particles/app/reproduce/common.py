@@ -235,6 +235,21 @@ def fit_line(x, y):
     return float(a), float(b), se
 
 
+# ----------------------------------------------------------------------------- progress
+
+
+def progress(key: str):
+    """A printer of progress lines within one experiment: ``say = progress("e3"); say("H = 2, n = 8")``
+    prints ``    e3: H = 2, n = 8 (12 s)`` (seconds since the experiment started), so that a long
+    experiment is never silent for minutes."""
+    t0 = time.perf_counter()
+
+    def say(text: str) -> None:
+        print(f"    {key}: {text} ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+    return say
+
+
 # ----------------------------------------------------------------------------- checks
 
 
@@ -260,6 +275,14 @@ class Check:
 
     def as_dict(self):
         return asdict(self)
+
+
+def cite(checks: list, check: "Check") -> str:
+    """How prose states a row's verdict: '(row k: <verdict>)', k its 1-based place in the section's
+    table. ``report.text_problems`` holds every verdict stated in a report's text to this form and to
+    the row's own verdict."""
+    k = next(i for i, c in enumerate(checks) if c is check)
+    return f"(row {k + 1}: {check.verdict})"
 
 
 @dataclass

@@ -10,10 +10,13 @@ from scenes import head_builders, load_scene
 
 from particles.heads import Head
 from . import stats
-from .common import Check, Result, figure, fmt, make_sim, md_table, panel_label, run, save
+from .common import Check, Result, cite, figure, fmt, make_sim, md_table, panel_label, progress, run, save
 from .head_outputs import head_outputs
 
-ORDER_TOL = 0.25     # the deficit's fitted order in eps must be >= 1 - ORDER_TOL for "a bound of order eps"
+# "a bound of order eps": the deficit's local exponent in eps between the two smallest eps > 0 must be
+# >= 1 - ORDER_TOL. Measured (quick): 1.03 between eps = 0.001 and 0.003 (the deficit is c1 eps + c2 eps^2,
+# so the exponent fitted over a wider range, 1.18 up to eps = 0.1, mixes in the eps^2 term); eps^0.8 fails.
+ORDER_TOL = 0.05
 
 
 def energy_rate_deficit(tokens, xdot, heads, beta: float) -> np.ndarray:
@@ -32,18 +35,24 @@ def energy_rate_deficit(tokens, xdot, heads, beta: float) -> np.ndarray:
 
 
 def deficit_order(eps, deficits) -> dict:
-    """Fit D = C eps^p on eps > 0 (least squares in log-log, with the standard error of p); Theorem 12's
-    bound of order eps agrees when D(0) is zero (to 1e-10) and p >= 1 - ORDER_TOL."""
+    """Theorem 12's bound of order eps, as eps -> 0: agrees when D(0) is zero (to 1e-10) and the local
+    exponent log(D2/D1)/log(e2/e1) between the two smallest eps > 0 is >= 1 - ORDER_TOL (a deficit that
+    grows faster than eps is still bounded by C eps near 0). Also fits D = C eps^p over every eps > 0
+    given (least squares in log-log, with the standard error of p), reported beside it."""
     e = np.asarray(eps, dtype=np.float64)
     D = np.asarray(deficits, dtype=np.float64)
     d0 = float(np.max(np.abs(D[e == 0]))) if (e == 0).any() else math.nan
     m = (e > 0) & (D > 0)
     if m.sum() < 2:
-        return dict(order=math.nan, order_se=math.nan, C=math.nan, deficit_at_zero=d0, verdict=stats.UNDECIDED)
+        return dict(order=math.nan, order_se=math.nan, C=math.nan, deficit_at_zero=d0, local_order=math.nan,
+                    local_eps=[math.nan, math.nan], verdict=stats.UNDECIDED)
     coef, se, _ = stats.lstsq(np.c_[np.log(e[m]), np.ones(m.sum())], np.log(D[m]))
-    ok = (not (d0 > 1e-10)) and coef[0] >= 1 - ORDER_TOL
+    k = np.argsort(e[m])[:2]
+    (e1, e2), (D1, D2) = e[m][k], D[m][k]
+    local = float(math.log(D2 / D1) / math.log(e2 / e1))
+    ok = (not (d0 > 1e-10)) and local >= 1 - ORDER_TOL
     return dict(order=float(coef[0]), order_se=float(se[0]), C=float(np.exp(coef[1])), deficit_at_zero=d0,
-                verdict=stats.verdict(ok))
+                local_order=local, local_eps=[float(e1), float(e2)], verdict=stats.verdict(ok))
 
 
 def _rates(trace):
@@ -63,6 +72,7 @@ def _rates(trace):
 
 def run_experiment(quick: bool, fig_dir) -> Result:
     t_start = time.perf_counter()
+    say = progress("e1_energy")
     scene = load_scene("energy_monotone")
     dyn = scene.data["dynamics"]
     R = 3 if quick else 12
@@ -87,6 +97,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
     out = {}
     traces = {}
     for geom, step, t_end in (("sphere", dt, t_sphere), ("flat", dt_flat, t_flat)):
+        say(f"{geom}: energy against the kinetic term, two step sizes")
         res = {}
         for k, h in enumerate((step, step / 2)):
             steps = int(round(t_end / h))
@@ -111,6 +122,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
     # Theorem 12: V_h = M_h + eps E_h. The deficit of dE/dt below the kinetic term is computed exactly
     # at every logged state (the energy's gradient uses M, the flow uses V), so no finite-difference floor.
     pert = []
+    say(f"Theorem 12: V = M + eps E for eps = {', '.join(f'{e:g}' for e in eps_list)}")
     for eps in eps_list:
         hs = [head_builders.with_value(h, "aligned", eps, seed=100 + i) for i, h in enumerate(heads)]
         sim = make_sim(x0, hs, beta, rule="exp", geometry="sphere", dt=dt)
@@ -144,12 +156,14 @@ def run_experiment(quick: bool, fig_dir) -> Result:
                             out[f"{geom}_order_central"], "2 (finite-difference error O(dt^2))",
                             ">= 1.5", out[f"{geom}_order_central"] >= 1.5))
     checks.append(Check(
-        "Theorem 12: deficit of dE/dt below the kinetic term, V = M + eps E: fitted order in eps",
-        order["order"], "a bound of order eps (order >= 1)",
-        f"deficit 0 at eps = 0 (<= 1e-10) and fitted order over 0 < eps <= {eps_fit_max:g} >= {1 - ORDER_TOL:g}",
+        "Theorem 12: deficit of dE/dt below the kinetic term, V = M + eps E: local order in eps as eps → 0",
+        order["local_order"], "a bound of order eps (order >= 1 near eps = 0)",
+        f"deficit 0 at eps = 0 (<= 1e-10) and local exponent between eps = {fmt(order['local_eps'][0])} and "
+        f"{fmt(order['local_eps'][1])} >= {1 - ORDER_TOL:g}",
         order["verdict"] == stats.AGREES, verdict=order["verdict"],
-        note=(f"D(eps) = max_t (kinetic − dE/dt) / max_t kinetic ≈ {fmt(order['C'], 3)} eps^{fmt(order['order'], 3)} "
-              f"(± {fmt(order['order_se'], 2)}); D(0) = {fmt(order['deficit_at_zero'])}")))
+        note=(f"D(eps) = max_t (kinetic − dE/dt) / max_t kinetic; fitted over 0 < eps <= {eps_fit_max:g}: "
+              f"≈ {fmt(order['C'], 3)} eps^{fmt(order['order'], 3)} (± {fmt(order['order_se'], 2)}, the eps² term "
+              f"included); D(0) = {fmt(order['deficit_at_zero'])}")))
 
     # --- figure
     fig, axes = figure(3, 1, width=4.6, height=3.6)
@@ -189,7 +203,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         f"mismatch with observed order {fmt(out['sphere_order_central'], 3)} (sphere) / "
         f"{fmt(out['flat_order_central'], 3)} (flat) for the central difference and "
         f"{fmt(out['sphere_order_forward'], 3)} / {fmt(out['flat_order_forward'], 3)} for the forward one: the "
-        f"mismatch is the finite difference's own error, so the identity holds exactly in the limit. "
+        f"mismatch is the finite difference's own error, so the identity is exact in the limit. "
         f"With V = M + eps E (t = {fmt(t_eps)}, the same E for every eps, {R} starts) the deficit of dE/dt below "
         "the kinetic term is computed exactly at every step (the energy's gradient (1/n) Σ_h f^h_i with V = M, "
         "against the engine's velocity): " + ", ".join(f"{fmt(p['eps'])}: {fmt(p['max_deficit_over_max_kinetic'], 3)}"
@@ -197,9 +211,12 @@ def run_experiment(quick: bool, fig_dir) -> Result:
     agreement = (
         f"The energy never decreased in either geometry, and dE/dt matches the kinetic term to "
         f"{fmt(max(s0['max_mismatch_central'], f0['max_mismatch_central']))} of its peak, shrinking as dt^2 "
-        f"(central difference). Theorem 12: the deficit is {fmt(order['deficit_at_zero'])} at eps = 0 and grows as "
-        f"eps^{fmt(order['order'], 3)} ± {fmt(order['order_se'], 2)} for eps <= {eps_fit_max:g} "
-        f"(constant {fmt(order['C'], 3)}): a bound of order eps, {order['verdict']}.")
+        f"(central difference). Theorem 12: the deficit is {fmt(order['deficit_at_zero'])} at eps = 0 and grows with "
+        f"local exponent {fmt(order['local_order'], 3)} between eps = {fmt(order['local_eps'][0])} and "
+        f"{fmt(order['local_eps'][1])} (criterion >= {1 - ORDER_TOL:g}), a bound of order eps "
+        f"{cite(checks, checks[-1])}; over eps <= {eps_fit_max:g} the fitted exponent is "
+        f"{fmt(order['order'], 3)} ± {fmt(order['order_se'], 2)} (constant {fmt(order['C'], 3)}), above 1 because "
+        "an eps² term joins in.")
     return Result(
         key="e1_energy", title="Energy monotonicity", theorem="Theorems 11-12",
         what=("Tests whether the attention dynamics is a gradient flow: with symmetric score matrices and "

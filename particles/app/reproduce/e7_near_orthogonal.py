@@ -19,10 +19,13 @@ from scenes import configurations, head_builders, load_scene
 
 from particles.heads import Head
 from . import stats
-from .common import Check, Result, figure, fmt, md_table, panel_label, run, save
+from .common import Check, Result, cite, figure, fmt, md_table, panel_label, progress, run, save
 
 RATE_TOL = 1e-12      # a relative rate counts as negative below -RATE_TOL
-LINEAR_TOL = 0.25     # a drop's local exponent in delta near 0 must be >= 1 - LINEAR_TOL to count as O(delta)
+# a drop's local exponent in delta at the two smallest overlaps (89.5 and 89 degrees) must be >= 1 - LINEAR_TOL
+# to count as O(delta). Measured (quick): 0.971 and 0.989 for the rate's drop, 0.999 and 1.003 for C_h;
+# delta^0.8 fails, sqrt(delta) too.
+LINEAR_TOL = 0.1
 
 
 def _op_overlap(heads) -> float:
@@ -77,13 +80,16 @@ def linear_bound(deltas, drops) -> dict:
 
 def run_experiment(quick: bool, fig_dir) -> Result:
     t_start = time.perf_counter()
+    say = progress("e7_near_orthogonal")
     scene = load_scene("near_orthogonal")
     tok, hd, dyn = scene.data["tokens"], scene.data["heads"], scene.data["dynamics"]
     n, d = tok["n"], tok["d"]
     H, rank, strength, hseed = hd["count"], hd["rank"], float(hd["strength"]), hd.get("seed", 0)
     beta, rule = float(dyn["beta"]), dyn["rule"]
-    angles = [90.0, 87.5, 85.0, 80.0, 75.0, 70.0] if quick else [90.0, 88.75, 87.5, 85.0, 82.5, 80.0, 77.5,
-                                                                 75.0, 72.5, 70.0]
+    # 89.5 and 89 degrees (delta = 0.0087, 0.0175): the local exponent is read where the drop is near its
+    # first order (between 87.5 and 85 degrees the drop already bends: 0.785 in the attractive family)
+    angles = [90.0, 89.5, 89.0, 87.5, 85.0, 80.0, 75.0, 70.0] if quick else \
+        [90.0, 89.5, 89.0, 88.75, 87.5, 85.0, 82.5, 80.0, 77.5, 75.0, 72.5, 70.0]
     R = 24 if quick else 96
     dt, t_win = 0.01, 0.5
     steps = int(round(t_win / dt))
@@ -102,6 +108,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         rho = base.head("radial_dominance", H)
         keep = np.all(rho <= 1.0, axis=(1, 2))
         per = []
+        say(f"{kind} heads, principal angles {angles[0]:g}° to {angles[-1]:g}°")
         for ang in angles:
             heads = family(kind, H, d, rank, ang, hseed, strength)
             tr = base if ang == 90.0 else run(X, heads, beta, rule=rule, dt=dt, steps=steps)
@@ -127,14 +134,18 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         if f["kept"] == 0:
             checks.append(Check(f"{kind}: states with ρ_h ≤ 1 at δ = 0", 0.0, "> 0 kept starts",
                                 "at least one start", False, verdict=stats.UNDECIDED,
-                                note="no start satisfies the theorem's hypothesis: the experiment cannot decide"))
+                                note="no start satisfies the theorem's hypothesis: nothing to test"))
             continue
         lb = f["rate_bound"]
         at0 = min(f["per_angle"][0]["min_rel_rate_per_start"])
+        # the starts are kept because rho_h <= 1 at every logged state, and C_h = 0 at delta = 0, so
+        # dE_h/dt >= (1 - rho_h) T_h >= 0 follows: an identity (as in e2), not a test of Theorem 39
         checks.append(Check(
             f"{kind}: per-head rate at δ = 0 (ρ_h ≤ 1 kept states) is ≥ 0", at0, ">= 0 (Condition 8)",
-            f"min_t,h dE_h/dt / kinetic >= -{RATE_TOL:g}", at0 >= -RATE_TOL,
-            note=f"{f['kept']} of {f['starts']} starts kept"))
+            f"min_t,h dE_h/dt / kinetic >= -{RATE_TOL:g}", at0 >= -RATE_TOL, identity=True,
+            note=(f"{f['kept']} of {f['starts']} starts kept; follows from the selection: ρ_h ≤ 1 and C_h = 0 give "
+                  "dE_h/dt ≥ (1 − ρ_h) T_h ≥ 0")))
+        f["rows"] = dict(rate=len(checks))
         checks.append(Check(
             f"{kind}: drop of the per-head rate is O(δ) (90° → {min(angles):.0f}°)", lb["slope"],
             "Theorem 39: min_t (dE_h/dt)/kinetic >= (its δ = 0 value) − K δ",
@@ -142,6 +153,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
             "(or no drop there)", lb["verdict"] == stats.AGREES, verdict=lb["verdict"],
             note=(f"fitted slope of the linear bound K = max drop/δ = {fmt(lb['slope'], 3)}; local exponent "
                   f"{fmt(lb['exponent'], 3)}")))
+        f["rows"]["drop"] = len(checks)
         lc = f["cross_bound"]
         checks.append(Check(
             f"{kind}: cross-coupling C_h ≥ −K_C δ", lc["slope"], "C_h = 0 at δ = 0, negative part O(δ)",
@@ -194,9 +206,11 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         "Measured per angle: the minimum over time, heads and kept starts of energy_rate_h / kinetic and of "
         "cross_coupling_h / kinetic.")
     agreement = " ".join(
-        f"{kind}: at δ = 0 the smallest relative rate is {fmt(f['per_angle'][0]['min_rel_rate'], 3)} (≥ 0 as "
-        f"Condition 8 promises); overlap lowers it by at most K δ with K = {fmt(f['rate_bound']['slope'], 3)} "
-        f"({f['rate_bound']['verdict']}: O(δ)); min C_h goes "
+        f"{kind}: at δ = 0 the smallest relative rate is {fmt(f['per_angle'][0]['min_rel_rate'], 3)} (≥ 0, as the "
+        f"selection of starts with ρ_h ≤ 1 implies {cite(checks, checks[f['rows']['rate'] - 1])}); overlap lowers it "
+        f"by at most K δ with K = {fmt(f['rate_bound']['slope'], 3)}, local exponent "
+        f"{fmt(f['rate_bound']['exponent'], 3)} at the smallest overlaps {cite(checks, checks[f['rows']['drop'] - 1])}; "
+        "min C_h goes "
         f"{fmt(f['per_angle'][0]['min_rel_cross'], 3)} → {fmt(f['per_angle'][-1]['min_rel_cross'], 3)}."
         for kind, f in fams.items() if f["kept"])
     return Result(

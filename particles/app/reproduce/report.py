@@ -1,10 +1,11 @@
 """report.md: one section per result, every number taken from the experiments' results."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from .common import fmt, md_table
-from .stats import AGREES, DISAGREES, IDENTITY, OUTSIDE, UNDECIDED
+from .common import fmt, md_cell, md_table
+from .stats import AGREES, DISAGREES, IDENTITY, OUTSIDE, UNDECIDED, VERDICTS
 
 MODEL_DOC = "docs/MODEL.md"   # the project's own statement of every result the report checks
 
@@ -12,6 +13,52 @@ MODEL_DOC = "docs/MODEL.md"   # the project's own statement of every result the 
 def _checks_table(checks) -> str:
     return md_table(["check", "measured", "held against", "criterion", "verdict", "note"],
                     [[c.name, c.measured, c.target, c.tolerance, f"**{c.verdict}**", c.note] for c in checks])
+
+
+_VERDICT = "|".join(re.escape(v) for v in sorted(VERDICTS, key=len, reverse=True))
+_CITED = re.compile(rf"\(row (\d+): ({_VERDICT})\)")
+_BARE_VERDICT = re.compile(rf"\b({_VERDICT})(?!\w)")
+# a median is always said to be the lower one (of an even count, the smaller middle value) or the
+# usual one (the mean of the two middle values): they differ, e.g. 57 against 81 for 20, 57, 105, 249
+_BARE_MEDIAN = re.compile(r"(?<!lower )(?<!usual )(?<!upper )\bmedians?\b", re.IGNORECASE)
+
+
+def bare_medians(text: str) -> list[str]:
+    """Every 'median' in ``text`` not said to be the lower, usual or upper one (with 30 characters around)."""
+    return [text[max(m.start() - 30, 0):m.end() + 30] for m in _BARE_MEDIAN.finditer(text)]
+
+
+def text_problems(result) -> list[str]:
+    """Sentences of one experiment's report text that state a verdict other than the row's own, or a
+    median without saying which: [] when there are none.
+
+    Prose may state a verdict only as '(row k: <verdict>)' (``common.cite``), k the row of the
+    section's checks table, and the verdict must be that row's; any other verdict word in the text
+    (what, claim, closed form, measurement, agreement, tables, every check's name, target, criterion
+    and note) is a problem, since nothing ties it to a row.
+    """
+    checks = result.checks
+    texts = [("what", result.what), ("claim", result.claim), ("closed form", result.closed_form),
+             ("measurement", result.measurement), ("agreement", result.agreement), ("table", result.table)]
+    for i, c in enumerate(checks, 1):
+        texts += [(f"row {i} {field}", str(getattr(c, field))) for field in ("name", "target", "tolerance", "note")]
+    problems = []
+    for where, text in texts:
+        for m in _CITED.finditer(text):
+            k, said = int(m.group(1)), m.group(2)
+            if not 1 <= k <= len(checks):
+                problems.append(f"{result.key} {where}: '{m.group(0)}' names no row (there are {len(checks)})")
+            elif checks[k - 1].verdict != said:
+                problems.append(f"{result.key} {where}: '{m.group(0)}' but row {k} "
+                                f"({checks[k - 1].name}) says '{checks[k - 1].verdict}'")
+        rest = _CITED.sub("", text)
+        for m in _BARE_VERDICT.finditer(rest):
+            problems.append(f"{result.key} {where}: verdict '{m.group(1)}' stated without its row: "
+                            f"'...{rest[max(m.start() - 40, 0):m.end() + 20]}...'")
+        for snippet in bare_medians(text):
+            problems.append(f"{result.key} {where}: a median without saying which (lower or usual): "
+                            f"'...{snippet}...'")
+    return problems
 
 
 def verdict_counts(checks) -> dict:
@@ -69,6 +116,10 @@ def write_markdown(path: Path, results, meta: dict) -> Path:
     for key in meta.get("errors", {}):
         lines.append(f"| – | {key} | – | **ERROR** | – | – | – | – | – |")
     lines.append("")
+    if meta.get("text_problems"):
+        lines += [f"**The report's own text is inconsistent ({len(meta['text_problems'])} sentences; a bug of "
+                  "`particles reproduce`, the numbers and verdicts in the tables stand):**", ""]
+        lines += [f"- {md_cell(p)}" for p in meta["text_problems"]] + [""]
     if "compared_with" in meta:
         cw = meta["compared_with"]
         diffs = cw["differences"]
