@@ -9,6 +9,7 @@ message names the argument, what was given and what is allowed, e.g.::
 """
 from __future__ import annotations
 
+import math
 import numbers
 import os
 
@@ -242,6 +243,69 @@ def memory(need: int, what: str, have: int | None = None) -> None:
                                  f"{have / 2**30:.1f} GiB is available; use fewer tokens or replicas")
 
 
+# ----------------------------------------------------------------------------- pairs
+
+# One evaluation of the O(n^2) pair pass is one kernel call, and a signal (Ctrl-C, SIGTERM)
+# is seen only between kernel calls. Measured on the development machine (2-core AMD EPYC,
+# shared, load ~10): 2.8 ns per pair (exp, n = 16384, tiled path), 3.1 ns (softmax,
+# n = 32768); at the limit one evaluation takes about 9 s there, about 3 s on a quiet core.
+NS_PER_PAIR = 3.0
+CPU_PAIR_LIMIT = 3e9
+PAIR_LIMIT_VARIABLE = "PARTICLES_MAX_PAIRS"
+SIGNAL_PAIRS = 1e9      # pair work between two looks for a signal in a run (about 3 s)
+
+
+def cpu_pair_limit() -> float:
+    """Pairs per evaluation allowed on a CPU: CPU_PAIR_LIMIT, or PARTICLES_MAX_PAIRS."""
+    text = os.environ.get(PAIR_LIMIT_VARIABLE, "").strip()
+    if not text:
+        return CPU_PAIR_LIMIT
+    try:
+        limit = float(text)
+    except ValueError:
+        limit = math.nan
+    if not limit > 0:
+        raise ParticlesUserError(f"{PAIR_LIMIT_VARIABLE} = {text!r} must be a positive number of "
+                                 f"token pairs per evaluation (the default is {CPU_PAIR_LIMIT:.0e})")
+    return limit
+
+
+def pair_guard(n: int, n_heads: int, replicas: int, arch: str, where: str = "") -> None:
+    """Refuse a CPU system whose one evaluation would hold off Ctrl-C and SIGTERM for more
+    than seconds (``CPU_PAIR_LIMIT``), naming its size, the wait and the override."""
+    pairs = float(replicas) * n_heads * n * n
+    limit = cpu_pair_limit()
+    if arch != "cpu" or pairs <= limit:
+        return
+    raise ParticlesUserError(
+        f"{where or 'tokens: '}n = {n} ({n_heads} heads, {replicas} replicas) means {pairs:.2g} token "
+        f"pairs per evaluation of the O(n^2) pair pass: on a CPU one evaluation takes about "
+        f"{_duration(pairs * NS_PER_PAIR * 1e-9)} (~{NS_PER_PAIR:g} ns per pair on a shared 2-core "
+        "machine), inside one kernel call that Ctrl-C and SIGTERM wait for. Use fewer tokens "
+        f"(n^2 x heads x replicas up to {limit:.0e}) or arch 'gpu', or accept the wait: "
+        f"{PAIR_LIMIT_VARIABLE}={_ceil_e(pairs)} in the environment")
+
+
+def steps_between_signal_checks(pairs_per_step: float, most: int = 16) -> int:
+    """Steps a run advances between two looks for a signal: at most ``most``, and no more
+    than SIGNAL_PAIRS of pair work (one step for a large system)."""
+    return int(max(1, min(most, SIGNAL_PAIRS // max(pairs_per_step, 1.0))))
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.0f} h"
+
+
+def _ceil_e(value: float) -> str:
+    """A short number at least ``value`` (2.3e12 -> '3e12')."""
+    exponent = int(math.floor(math.log10(value)))
+    return f"{math.ceil(value / 10 ** exponent)}e{exponent}"
+
+
 __all__ = ["MAX_STEPS", "integer", "step_count", "real_number", "positive", "non_negative", "choice", "dtype_problem",
            "in_dtype", "real_array", "tokens_shape", "tokens", "betas", "available_bytes",
-           "estimate_bytes", "memory"]
+           "estimate_bytes", "memory", "cpu_pair_limit", "pair_guard", "steps_between_signal_checks"]

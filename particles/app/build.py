@@ -18,8 +18,6 @@ from scenes.scene import build_heads
 from scenes.schema import steps_from_time
 
 SLOW_PAIRS = 1e11        # pairs per evaluation above which a run is announced as slow
-CPU_PAIR_LIMIT = 1e13    # above this one evaluation takes hours on a CPU, in one kernel call
-                         # that not even Ctrl-C can interrupt
 
 
 def _sections(scene) -> dict:
@@ -69,13 +67,7 @@ def check_size(data: dict, n_heads: int, echo=None, shape=None) -> None:
                                  f"{dyn['dtype']}) needs about {need / 2**30:.1f} GiB of memory, but "
                                  f"{have / 2**30:.1f} GiB is available; use fewer tokens or replicas")
     pairs = float(R) * n_heads * n * n
-    if pairs > CPU_PAIR_LIMIT and dyn.get("arch", "cpu") == "cpu":
-        raise ParticlesUserError(
-            f"[tokens] n = {n} ({n_heads} heads, {R} replicas) means {pairs:.2g} token "
-            "pairs per evaluation of the O(n^2) pair pass: on a CPU one evaluation "
-            "takes hours, inside a single kernel call that Ctrl-C cannot interrupt. "
-            f"Use fewer tokens (n^2 x heads x replicas up to {CPU_PAIR_LIMIT:.0e}) or "
-            "arch = 'gpu'")
+    validation.pair_guard(n, n_heads, R, dyn.get("arch", "cpu"), "[tokens] ")
     if pairs > SLOW_PAIRS and echo is not None:
         echo(f"warning: n = {n} means {pairs:.2g} token pairs per evaluation (the pair pass is "
              "O(n^2)); one step may take minutes to hours, and so does the warm-up")

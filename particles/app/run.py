@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from particles import __version__, machine
+from particles import __version__, machine, validation
 from particles.drive import Driver, Stopped
 from particles.observables import columns
 from particles.output import RunFileError, atomic_write_text, chunk_name, refuse_link, remove_file, write_json
@@ -311,9 +311,11 @@ class Runner:
 
         check_every = max(1, min(1000, self.steps_total // 100 or 1))
         stop = self.interrupts.requested if self.interrupts is not None else None
-        # max_chunk: a deferred Ctrl-C is seen within 16 steps (advance loops per step anyway)
+        # max_chunk: a deferred Ctrl-C is seen within 16 steps, or ~1e9 pairs of work
+        pairs = sim.n_replicas * sim.n_heads * sim.n * sim.n * len(sim.integrator.weights)
         driver = Driver(sim, self.writers, self.steps_total, check_every=check_every,
-                        max_chunk=16, flush_seconds=2.0, on_advance=on_advance, should_stop=stop)
+                        max_chunk=validation.steps_between_signal_checks(pairs), flush_seconds=2.0,
+                        on_advance=on_advance, should_stop=stop)
         try:
             try:
                 driver.run()
