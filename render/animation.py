@@ -31,8 +31,16 @@ from .panels import PanelSet, available_panels
 from .views import make_view, plan_views, project, resolve_view, token_labels_note
 from .writers import FORMATS, open_writer
 
+STILL_MOVE = 2e-3                # a frame in which no token moved by this (of the unit sphere) is held back
 DEFAULT_SIZE = (1280, 720)       # RenderConfig's default width, height
 GIF_DEFAULT_SIZE = (800, 450)    # what a GIF gets when the size was left at the default
+
+
+def _slope(m: float) -> str:
+    """An ALiBi slope as the power of two it usually is (1/4, 1/256), else as a number."""
+    if m > 0 and float(np.log2(1.0 / m)).is_integer():
+        return f"1/{int(round(1.0 / m))}" if m < 1 else f"{m:g}"
+    return f"{m:.3g}"
 
 
 def effective_dpi(dpi: float, width: int, height: int) -> float:
@@ -92,6 +100,11 @@ class Animation:
         self.frame_size = (w, h)
         self._history = None
         self._regions: dict = {}
+        self.frames_skipped = 0          # frames held back: nothing visible had moved
+        self._held = None                # the latest frame held back, drawn on close
+        self._skipped = None             # [first, last] time passed over since the last frame drawn
+        self._passed_over = None         # the caption's word on the latest times passed over
+        self._last_drawn = None          # (tokens, layer, cluster labels) of the last frame drawn
 
     # ----------------------------------------------------------------- context manager
     def __enter__(self) -> "Animation":
@@ -110,6 +123,16 @@ class Animation:
         """Finalise the file. Safe to call twice."""
         if self._closed:
             return
+        if self._held is not None and self._writer is not None:   # the run's last state is shown
+            held, self._held = self._held, None
+            try:
+                self._draw(*held)
+            except Exception:
+                self._closed = True
+                writer, self._writer = self._writer, None
+                if writer is not None:
+                    writer.close()
+                raise
         self._closed = True
         writer, self._writer = self._writer, None
         self._fig = None
@@ -129,7 +152,11 @@ class Animation:
 
     def add_frame(self, tokens, time: float, log: Mapping | None = None,
                   token_values: Mapping[str, np.ndarray] | None = None) -> None:
-        """Draw one frame and send it to the writer.
+        """Draw one frame and send it to the writer, unless nothing visible moved since the
+        last frame drawn (no token by STILL_MOVE of the view, the same clusters and layer):
+        such a frame is held back, the next one drawn says which times were passed over, and
+        the last frame of the run is always drawn (here when its time reaches t_end, else on
+        close), so a film speeds through the end of the motion instead of repeating one frame.
 
         tokens (n, d); time: the simulation time shown in the title; log: the log columns
         so far (equal-length arrays including "time"); token_values: per-token arrays such as
@@ -139,6 +166,61 @@ class Animation:
         x = self._check_tokens(tokens)
         time = float(time)
         log = {} if log is None else log
+        if self._fig is not None and self._still(x, log, token_values) and not self._is_last(time):
+            self._pass_over_held()
+            self._held = (x, time, log, token_values)
+            return
+        self._pass_over_held()
+        self._draw(x, time, log, token_values)
+
+    def _pass_over_held(self) -> None:
+        """The frame held back is superseded: its time joins the span passed over."""
+        if self._held is None:
+            return
+        t = self._held[1]
+        self._skipped = [t if self._skipped is None else self._skipped[0], t]
+        self.frames_skipped += 1
+        self._held = None
+
+    def _is_last(self, time: float) -> bool:
+        return self.t_end is not None and time >= self.t_end - 1e-9 * max(1.0, abs(self.t_end))
+
+    def _still(self, x: np.ndarray, log: Mapping, token_values) -> bool:
+        """Would this frame look like the last one drawn (up to the panels' growth)?"""
+        last = self._last_drawn
+        if last is None:
+            return False
+        x0, layer0, labels0, values0 = last
+        fin = np.isfinite(x).all(axis=1) & np.isfinite(x0).all(axis=1)
+        if not fin.all():
+            return False
+        scale = 1.0 if self.info.geometry == "sphere" else max(float(np.abs(x).max()), 1e-12)
+        if float(np.abs(x - x0).max()) > STILL_MOVE * scale:
+            return False
+        layer = np.ravel(log.get("layer", []))
+        if (int(layer[-1]) if layer.size else None) != layer0:
+            return False
+        if not all(view.settled(project(x, spec)) for view, spec in zip(self._views, self._specs)):
+            return False
+        labels = None if token_values is None else token_values.get("cluster")
+        if labels is not None and labels0 is not None and not np.array_equal(np.asarray(labels), labels0):
+            return False
+        values = self._colour_values(x, token_values)
+        if values is not None and values0 is not None:     # a colour that changed is motion too
+            lo, hi = self._colorizer.limits
+            with np.errstate(invalid="ignore"):
+                if not np.array_equal(np.isfinite(values), np.isfinite(values0)) or \
+                        np.nanmax(np.abs(values - values0), initial=0.0) > 0.01 * (hi - lo):
+                    return False
+        return True
+
+    def _colour_values(self, x: np.ndarray, token_values):
+        if self._colorizer.mode not in ("radial", "entropy", "norm"):
+            return None
+        return self._colorizer.values(x, token_values).copy()
+
+    def _draw(self, x: np.ndarray, time: float, log: Mapping, token_values) -> None:
+        self._held = None
         if self._fig is None:
             self._build(x, log, token_values)
         dirty = self._needs_redraw | self._colorizer.update(x, token_values)
@@ -166,6 +248,15 @@ class Animation:
             notes.append(f"{k} cluster{'' if k == 1 else 's'}, {alone} singleton{'' if alone == 1 else 's'}")
         if self._colorizer.mode == "cluster":
             notes.append(CLUSTER_LEGEND)
+        if self._skipped is not None:
+            a, b = self._skipped
+            self._passed_over = (f"t = {a:.3g} to {b:.3g} passed over: no token moved by {STILL_MOVE:g}"
+                                 + (" of its distance from the origin" if self.info.geometry == "flat" else ""))
+            self._skipped = None
+        if self._passed_over is not None:
+            notes.append(self._passed_over)
+        if self.info.alibi_slopes is not None:
+            notes.append("ALiBi slopes m_h = " + ", ".join(_slope(m) for m in self.info.alibi_slopes))
         if (uniform := self._colorizer.note()) is not None:
             notes.append(uniform)
         if (unlabelled := token_labels_note(self.info)) is not None:
@@ -178,13 +269,17 @@ class Animation:
             self._writer = open_writer(self.path, self.config.fps)
         self._writer.append(frame)
         self.frames_written += 1
+        labels = None if token_values is None else token_values.get("cluster")
+        self._last_drawn = (x.copy(), int(layer[-1]) if layer.size else None,
+                            None if labels is None else np.asarray(labels).copy(),
+                            self._colour_values(x, token_values))
 
     def _build(self, x: np.ndarray, log: Mapping, token_values) -> None:
         cfg, info = self.config, self.info
         self._specs = plan_views(cfg, info, x, self._final_tokens)
         self._colorizer = TokenColorizer(cfg, info)
         self._colorizer.prepare(x, token_values)
-        panel_names = available_panels(cfg.panels, list(log.keys()), info.n_heads)
+        panel_names = available_panels(cfg.panels, log, info)
         W, H = self.frame_size
         dpi = effective_dpi(cfg.dpi, W, H)
         fig = Figure(figsize=(W / dpi, H / dpi), dpi=dpi, facecolor="white")
@@ -192,7 +287,8 @@ class Animation:
         has_ticks = any(not s.sphere and s.dim == 2 for s in self._specs)
         layout = compute_layout(W, H, dpi, len(self._specs), len(panel_names),
                                 colorbar=self._colorizer.mappable is not None,
-                                view_titles=any(s.title for s in self._specs), view_ticks=has_ticks)
+                                view_titles=any(s.title for s in self._specs), view_ticks=has_ticks,
+                                title_lines=3 if info.claim else 2)
         self._views = []
         for k, (spec, rect) in enumerate(zip(self._specs, layout.views)):
             ax = fig.add_axes(rect)
@@ -213,7 +309,7 @@ class Animation:
             self._colorbar = cb
         if panel_names:
             axes = [fig.add_axes(r) for r in layout.panels]
-            self._panels = PanelSet(axes, panel_names, list(log.keys()), info, self._t_span(log))
+            self._panels = PanelSet(axes, panel_names, list(log.keys()), info, self._t_span(log), first_log=log)
             # white boxes that erase one panel's slot when only that panel is redrawn
             self._slot_patches = [fig.add_artist(Rectangle(r[:2], r[2], r[3], transform=fig.transFigure,
                                                            facecolor="white", edgecolor="none",
@@ -228,7 +324,12 @@ class Animation:
                                    family="DejaVu Sans Mono", animated=True)
         # the second line: the layer in force (its rule and mask), the cluster count, what colours mean,
         # token labels left out
-        self._info_text = fig.text(10 * u / W, y_title - 22 * u / H, "", ha="left", va="center", fontsize=9,
+        y_info = y_title - 22 * u / H
+        if info.claim:   # what the film exists to show, from the scene
+            fig.text(10 * u / W, y_info, info.claim, ha="left", va="center", fontsize=10,
+                     color=(0.05, 0.2, 0.45), style="italic")
+            y_info -= 18 * u / H
+        self._info_text = fig.text(10 * u / W, y_info, "", ha="left", va="center", fontsize=9,
                                    color="0.25", animated=True)
         self._fig, self._canvas = fig, canvas
         self._dynamic = [a for v in self._views for a in v.dynamic_artists()]

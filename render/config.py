@@ -15,7 +15,7 @@ import numpy as np
 VIEWS = ("auto", "circle", "sphere", "pca", "heads")
 COLOR_BY = ("index", "cluster", "radial", "entropy", "norm")
 PROJECTIONS = ("pca_initial", "pca_final")
-PANELS = ("energy", "radial_dominance", "entropy")
+PANELS = ("energy", "energy_rate", "radial_dominance", "entropy", "gamma_bar")
 GEOMETRIES = ("sphere", "flat")
 
 
@@ -41,8 +41,11 @@ class RenderConfig:
     rotate      slowly turn the camera (3-D views).
     projection  "pca_initial", "pca_final" (needs the final tokens, passed to
                 `Animation(..., final_tokens=...)`) or a (d x 2) / (d x 3) basis array.
-    panels      time-series panels beside the particles, drawn when their log
-                columns exist: "energy", "radial_dominance", "entropy".
+    panels      time-series panels beside the particles, drawn where the run has what
+                they show (render.panels.available_panels): "energy", "energy_rate" (dE/dt
+                and the kinetic term, where Theorem 11's identity holds), "radial_dominance"
+                (two or more heads on the sphere), "entropy", "gamma_bar"; at most
+                MAX_PANELS, in the order given.
     fps         frames per second of the video.
     width, height  frame size in pixels (an odd size is padded to even for .mp4; a .gif left at
                 the default 1280x720 is drawn at 800x450, which keeps the file to ~40% of that).
@@ -58,7 +61,7 @@ class RenderConfig:
     trails: int = 0
     rotate: bool = False
     projection: Any = "pca_initial"
-    panels: Sequence[str] = ("energy", "radial_dominance", "entropy")
+    panels: Sequence[str] = PANELS
     fps: float = 30
     dpi: int = 100
     width: int = 1280
@@ -135,6 +138,14 @@ class RunInfo:
     t_end: the run's final time if known (fixes the panels' time axis).
     token_labels: optional, one string per token (a text scene's tokenizer strings); the
     frames label each token with its string when n is small enough to read them.
+    claim: what the film exists to show, one line under the title (the scene's [render] claim).
+    c_star: c*(H) of Theorem 19, drawn beside rho = 1 in the radial-dominance panel.
+    theory: {log column: [(times, values, label), ...]}: curves the theory predicts for a
+    column, drawn whole (dashed) in its panel from the first frame, e.g. the equiangular ODE
+    for "gamma_bar".
+    gradient_flow: Theorem 11's identity dE/dt = (1/n) sum |xdot_i|^2 holds, so the film draws
+    the energy's rate and the kinetic term on one axis ("energy_rate" panel).
+    alibi_slopes: the heads' ALiBi slopes m_h, named in the caption.
     """
 
     name: str
@@ -149,6 +160,11 @@ class RunInfo:
     layer_labels: tuple | None = None   # a layer schedule: what each layer runs ("rule = relu, causal")
     mask: str | tuple = "none"   # the heads' mask ("mixed" where they differ), or one per layer
     token_labels: tuple | None = None
+    claim: str | None = None
+    c_star: float | None = None
+    theory: dict | None = None
+    gradient_flow: bool = False
+    alibi_slopes: tuple | None = None
     log_n: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -201,6 +217,36 @@ class RunInfo:
                 raise ValueError(f"RunInfo.token_labels must be one string per token (n = {self.n}), "
                                  f"got {self.token_labels!r:.200}")
             self.token_labels = labels
+        if self.claim is not None and not isinstance(self.claim, str):
+            raise ValueError(f"RunInfo.claim must be a string or None, got {self.claim!r}")
+        self.claim = self.claim.strip() or None if self.claim is not None else None
+        if self.c_star is not None:
+            if not _is_real(self.c_star) or not 0 < float(self.c_star) <= 1:
+                raise ValueError(f"RunInfo.c_star must be a number in (0, 1] or None, got {self.c_star!r}")
+            self.c_star = float(self.c_star)
+        theory = {}
+        for column, curves in (self.theory or {}).items():
+            checked = []
+            for curve in curves:
+                try:
+                    t, y, label = curve
+                    t, y = np.asarray(t, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
+                except (TypeError, ValueError):
+                    raise ValueError(f"RunInfo.theory[{column!r}]: each curve is (times, values, label), "
+                                     f"got {curve!r:.200}") from None
+                if t.size != y.size or not isinstance(label, str):
+                    raise ValueError(f"RunInfo.theory[{column!r}]: times and values of one length and a "
+                                     f"string label, got {t.size} times, {y.size} values, {label!r}")
+                checked.append((t, y, label))
+            theory[str(column)] = checked
+        self.theory = theory
+        self.gradient_flow = bool(self.gradient_flow)
+        if self.alibi_slopes is not None:
+            slopes = tuple(float(m) for m in self.alibi_slopes)
+            if len(slopes) != self.n_heads or not all(math.isfinite(m) and m >= 0 for m in slopes):
+                raise ValueError(f"RunInfo.alibi_slopes must be one slope >= 0 per head (H = {self.n_heads}), "
+                                 f"got {self.alibi_slopes!r}")
+            self.alibi_slopes = slopes
         self.log_n = math.log(self.n)
 
     def mask_in_force(self, layer: int | None = None) -> str:

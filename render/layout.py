@@ -22,11 +22,11 @@ class FrameLayout:
 
 
 def compute_layout(width: int, height: int, dpi: int, n_views: int, n_panels: int,
-                   colorbar: bool, view_titles: bool, view_ticks: bool) -> FrameLayout:
+                   colorbar: bool, view_titles: bool, view_ticks: bool, title_lines: int = 2) -> FrameLayout:
     W, H = float(width), float(height)
     u = dpi / 100.0                        # text sizes are in points: scale pixel pads with dpi
     margin = 10 * u
-    title_band = 44 * u
+    title_band = (44 + 18 * max(title_lines - 2, 0)) * u   # title, [claim,] caption
     top = H - title_band
     out = FrameLayout()
 

@@ -21,6 +21,8 @@ from .sphere import SPHERE_RGB, Camera, shaded_disk, wireframe
 EDGE_RGBA = (0.08, 0.08, 0.12, 0.55)
 FIRST_TOKEN_LABEL = "token 0, seen by every token (causal mask)"
 ROTATION_DEG_PER_S = 12.0         # camera turn rate with rotate=True (a turn in 30 s)
+FOLLOW_RATE = 0.12                # without rotate: the share of the way to the tokens' centre turned per frame
+FOLLOW_MIN_MEAN = 0.2             # |mean token| below this: no one side to face, the camera holds
 TOKEN_LABELS_MAX = 48             # more tokens' strings than this overlap into an unreadable blot
 TOKEN_LABEL_CHARS = 12
 
@@ -303,6 +305,9 @@ class Disk2DView:
         texts = self.labels.texts if self.labels is not None else []
         return [a for a in (self.trails, self.scatter, ring) if a is not None] + texts
 
+    def settled(self, pts: np.ndarray) -> bool:
+        return True
+
     def _auto_limits(self, pts: np.ndarray) -> bool:
         fin = pts[np.all(np.isfinite(pts), axis=1)]
         if fin.size == 0:
@@ -352,6 +357,9 @@ class Ball3DView:
         self.camera = Camera(elev, azim)
         self.azim0 = azim
         self.step = ROTATION_DEG_PER_S / fps if rotate else 0.0
+        # tokens on the sphere itself, camera not spinning: it turns to face where the tokens
+        # gather, so that the final cluster ends on the front of the sphere, not behind it
+        self.follow = not rotate and spec.basis is None and spec.sphere
         self._wire_azim = None
         self._center = None
         self._half = None
@@ -431,8 +439,37 @@ class Ball3DView:
         for label, a in zip(self.tripod_labels, axes2d):
             label.set_position(origin + a * 1.35)
 
+    def _turn_to_face(self, pts: np.ndarray) -> tuple[float, float]:
+        """(azimuth, elevation) still to turn to face the tokens' centre; (0, 0) without one."""
+        if not self.follow:
+            return 0.0, 0.0
+        fin = pts[np.all(np.isfinite(pts), axis=1)]
+        if not fin.size:
+            return 0.0, 0.0
+        m = fin.mean(axis=0)
+        r = float(np.linalg.norm(m))
+        if r < FOLLOW_MIN_MEAN:
+            return 0.0, 0.0
+        elev = float(np.clip(np.degrees(np.arcsin(np.clip(m[2] / r, -1.0, 1.0))), -70.0, 70.0))
+        azim = float(np.degrees(np.arctan2(m[1], m[0])))
+        return (azim - self.camera.azim + 180.0) % 360.0 - 180.0, elev - self.camera.elev
+
+    def settled(self, pts: np.ndarray) -> bool:
+        """Is the camera where it means to be (within a degree)? A frame that would still turn
+        it is not a still frame."""
+        return max(abs(v) for v in self._turn_to_face(pts)) < 1.0
+
+    def _face_the_tokens(self, pts: np.ndarray, frame: int) -> None:
+        rate = 1.0 if frame == 0 else FOLLOW_RATE
+        turn, rise = self._turn_to_face(pts)
+        self.camera.azim += rate * turn
+        self.camera.elev += rate * rise
+
     def update(self, history: list[np.ndarray], colors: np.ndarray, frame: int) -> bool:
-        self.camera.azim = self.azim0 + self.step * frame
+        if self.follow:
+            self._face_the_tokens(history[-1], frame)
+        else:
+            self.camera.azim = self.azim0 + self.step * frame
         dirty = False
         if self.flat:
             dirty = self._flat_frame(history[-1])
@@ -441,11 +478,11 @@ class Ball3DView:
             self._update_tripod()
         else:
             hist = history
-        if self.wire_front is not None and self.camera.azim != self._wire_azim:
+        if self.wire_front is not None and (self.camera.azim, self.camera.elev) != self._wire_azim:
             front, back = wireframe(self.camera)
             self.wire_front.set_segments(front)
             self.wire_back.set_segments(back)
-            self._wire_azim = self.camera.azim
+            self._wire_azim = (self.camera.azim, self.camera.elev)
         proj = self.camera.project(hist[-1])
         depth = proj[:, 2]
         order = np.argsort(depth, kind="stable")

@@ -62,9 +62,9 @@ LOG_KEYS = ("every", "energy", "radial", "entropy", "entropy_rate", "clusters_ev
 VIEWS = ("auto", "circle", "sphere", "pca", "heads")
 COLOR_BY = ("index", "cluster", "radial", "entropy", "norm")
 PROJECTIONS = ("pca_initial", "pca_final")
-PANELS = ("energy", "radial_dominance", "entropy")
+PANELS = ("energy", "energy_rate", "radial_dominance", "entropy", "gamma_bar")
 RENDER_KEYS = ("enabled", "file", "frames", "fps", "view", "color_by", "color_head", "trails",
-               "rotate", "projection", "panels", "dpi", "width", "height")
+               "rotate", "projection", "panels", "dpi", "width", "height", "claim")
 RENDER_EXTENSIONS = (".mp4", ".gif")
 OUTPUT_KEYS = ("dir", "run_dir", "final_checkpoint")
 
@@ -806,6 +806,7 @@ def _render(problems, raw, n_heads, log: dict) -> dict:
     sec.take("dpi", integer(1), 100)
     sec.take("width", integer(16), 1280)
     sec.take("height", integer(16), 720)
+    sec.take("claim", string(), "")   # what the film shows, one line under its title
     return sec.out
 
 

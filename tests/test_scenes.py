@@ -100,7 +100,7 @@ def test_defaults_are_filled():
                         "entropy_rate": False, "clusters_every": 0, "cluster_threshold": 0.99,
                         "trajectory_every": 10}
     assert d["render"]["file"] == "animation.mp4" and d["render"]["frames"] == 150
-    assert d["render"]["panels"] == ["energy", "radial_dominance", "entropy"]
+    assert d["render"]["panels"] == ["energy", "energy_rate", "radial_dominance", "entropy", "gamma_bar"]
     assert d["output"] == {"dir": "runs", "final_checkpoint": True}
     assert scene.n_heads == 1 and scene.rule_file is None
     heads = scene.build_heads()

@@ -10,10 +10,12 @@ import numpy as np
 
 from render.animation import Animation
 from render.config import RenderConfig, RunInfo
+from render.panels import is_panel_column
 
 from particles.clusters import cluster_labels
 
 from .build import build_simulation, head_masks
+from .film_facts import film_facts
 
 
 def render_config(render_section, **overrides) -> RenderConfig:
@@ -42,7 +44,8 @@ def run_info(scene, heads, beta: float) -> RunInfo:
     return RunInfo(name=scene.name, beta=float(beta), rule=scene.dynamics.rule, n_heads=len(heads),
                    n=scene.tokens.n, d=scene.tokens.d, geometry=scene.dynamics.geometry,
                    head_bases=head_bases(heads), layer_labels=labels,
-                   mask=masks if labels else masks[0], token_labels=scene.token_strings())
+                   mask=masks if labels else masks[0], token_labels=scene.token_strings(),
+                   **film_facts(scene, heads, beta))
 
 
 def layer_masks(scene) -> tuple:
@@ -109,8 +112,7 @@ def rerender(run_dir, out=None, trust_rule_file: bool = False, **overrides) -> P
                 "or cluster")
         sim = build_simulation(scene, tokens=tokens[0], heads=heads, beta=meta["beta"][0],
                                entropy_rate=False, echo=print if rule_file else None)
-    panel_keys = [k for k in log if k in ("time", "energy", "layer") or
-                  k.startswith(("energy_h", "radial_dominance_h", "entropy_mean_h"))]
+    panel_keys = [k for k in log if is_panel_column(k)]
     _probe_writable(path)
     try:
         _render_frames(path, cfg, scene, heads, meta, times, tokens, log, panel_keys, threshold, sim)

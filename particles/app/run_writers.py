@@ -13,6 +13,7 @@ import numpy as np
 from particles.drive import AT_END, NEVER, Every, Writer
 from particles.clusters import cluster_labels, cluster_stats
 from particles.output import LogWriter, TrajectoryWriter
+from render.panels import is_panel_column
 
 PANEL_HISTORY_LIMIT = 20000
 
@@ -119,8 +120,7 @@ class Video(Writer):
             if row.get("replica", 0) != 0:
                 continue
             for key, value in row.items():
-                if key in ("time", "energy", "layer") or key.startswith(("energy_h", "radial_dominance_h",
-                                                                          "entropy_mean_h")):
+                if is_panel_column(key):
                     h.setdefault(key, []).append(value)
             if len(h["time"]) > PANEL_HISTORY_LIMIT:  # thin old points; the curve keeps its shape
                 for key in h:
