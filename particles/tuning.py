@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -96,9 +97,77 @@ def shape_class(dtype: str, d: int, r: int, rv: int, softmax: bool, n: int) -> s
             f"{'softmax' if softmax else 'exp'} n~{bucket}")
 
 
+def pass_class(key: str) -> str:
+    """A shape class without the machine: what a run or sweep records of its tiles."""
+    return key.rsplit(" | ", 1)[-1]
+
+
+_PINS: list = []   # the innermost ``pinned`` scope: (tiles by pass class, measure, why, chosen)
+
+
+@contextmanager
+def pinned(tiles: dict | None = None, *, measure: bool = True, why: str = "kept"):
+    """Within it a wide pass whose class (``pass_class``) is in ``tiles`` (or any class, under
+    "*") takes those tiles, whatever the cache or PARTICLES_TUNING says; with measure=False
+    the others take the default instead of being measured. Yields the choices made, class ->
+    label, for the caller to record: a run (or a sweep) keeps the tiles it started with, so
+    that its resume is bitwise whatever was measured since (other tiles sum in another order)."""
+    chosen: dict[str, str] = {}
+    _PINS.append((dict(tiles or {}), measure, why, chosen))
+    try:
+        yield chosen
+    finally:
+        _PINS.pop()
+
+
+def tiles_now() -> dict[str, str]:
+    """The tiles a sweep starts with, pass class -> label ("*": every class), by
+    PARTICLES_TUNING: 'off' none (the defaults), 'wide=...' those, else this machine's cached
+    picks (a class not cached takes the default: a sweep's workers measure nothing)."""
+    mode = os.environ.get(ENV, "").strip() or "measure"
+    if mode == "off":
+        return {}
+    if mode.startswith("wide="):
+        return {"*": WideTiles.parse(mode[len("wide="):]).label}
+    mine = machine.describe(machine.fingerprint()) + " | "
+    return {pass_class(key): entry["choice"] for key, entry in _read(cache_path()).items()
+            if key.startswith(mine) and isinstance(entry, dict) and isinstance(entry.get("choice"), str)}
+
+
+def check_pins(tiles, where: str) -> dict[str, str]:
+    """Recorded tiles (a run's or sweep's JSON) as class -> label; ParticlesUserError naming
+    ``where`` when they are not."""
+    if not isinstance(tiles, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                              for k, v in tiles.items()):
+        raise ParticlesUserError(f"{where} must map pass classes to tiles such as \"16x3x6\", "
+                                 f"got {json.dumps(tiles)[:80]}")
+    for label in tiles.values():
+        try:
+            WideTiles.parse(label)
+        except ParticlesUserError:
+            raise ParticlesUserError(f"{where} holds tiles {label!r}, not LANESxROWSxCOLS with lanes "
+                                     "4, 8 or 16, rows 1 to 4, columns 1 to 8 dividing rows x lanes") from None
+    return dict(tiles)
+
+
 def wide_tiles(dtype: str, key: str, prepare: Callable[[WideTiles], Callable[[], None]]) -> Choice:
-    """The tiles for one wide pass: overridden, cached, or measured now (``prepare(tiles)``
-    compiles a candidate and returns one synchronous pass of it to time)."""
+    """The tiles for one wide pass: pinned (``pinned``), overridden, cached, or measured now
+    (``prepare(tiles)`` compiles a candidate and returns one synchronous pass of it to time)."""
+    if not _PINS:
+        return _wide_tiles(dtype, key, prepare)
+    tiles, measure, why, chosen = _PINS[-1]
+    label = tiles.get(pass_class(key), tiles.get("*"))
+    if label is not None:
+        choice = Choice(WideTiles.parse(label), why)
+    elif measure:
+        choice = _wide_tiles(dtype, key, prepare)
+    else:
+        choice = Choice(WIDE_CANDIDATES[dtype][0], "default")
+    chosen[pass_class(key)] = choice.tiles.label
+    return choice
+
+
+def _wide_tiles(dtype: str, key: str, prepare) -> Choice:
     mode = os.environ.get(ENV, "").strip() or "measure"   # set but empty: as unset
     default = WIDE_CANDIDATES[dtype][0]
     if mode == "off":

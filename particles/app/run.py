@@ -20,13 +20,14 @@ import errno
 import json
 import os
 import platform
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from particles import __version__, machine, validation
+from particles import __version__, machine, tuning, validation
 from particles.drive import Driver, Stopped
 from particles.observables import columns
 from particles.output import RunFileError, atomic_write_text, chunk_name, refuse_link, remove_file, write_json
@@ -98,6 +99,16 @@ def _overwrite_in_place(path: Path, info: dict) -> None:
             continue
 
 
+def _tiles_recorded(run_dir: Path) -> dict:
+    """The wide pass's tiles the run started with, by pass class (run.json "tiles"; from a
+    run.json before they were recorded, its "tuning" when it names one set of tiles)."""
+    info = read_run_json(run_dir)
+    if "tiles" in info:
+        return tuning.check_pins(info["tiles"], f"{str(run_dir / 'run.json')!r} key 'tiles'")
+    labels = set(re.findall(r"wide (\d+x\d+x\d+)", str(info.get("tuning", ""))))
+    return {"*": labels.pop()} if len(labels) == 1 else {}
+
+
 def _segments_kept(run_dir: Path, resume_step: int) -> list[dict]:
     """The segments of the run that run.json records (each process that computed steps: its
     first and last step, versions and machine), as far as the files still hold them when it
@@ -146,7 +157,10 @@ class Runner:
         self.checkpoint_every = int(checkpoint_every)
         self.show_progress = progress
         self.fingerprint = scene_fingerprint(scene)
-        self.sim = sim = build_simulation(scene, echo=echo)
+        # a resume takes the tiles the run started with: other tiles sum in another order
+        with tuning.pinned(_tiles_recorded(self.run_dir) if resume else None,
+                           why="kept from run.json") as self.tiles:
+            self.sim = sim = build_simulation(scene, echo=echo)
         if interrupts is not None:
             interrupts.raise_if_requested()   # a signal during the build and compile stops here
         self.log_every = int(log.every)
@@ -269,6 +283,7 @@ class Runner:
                 "dtype": sim.dtype, "seed": self.scene.tokens.seed,
                 "versions": versions, "machine": fingerprint, "segments": self.segments_before + [segment],
                 "path": sim.path, "tuning": sim.tuning,   # speed choices: tiles measured per machine
+                "tiles": self.tiles,   # the wide pass's tiles by pass class, which a resume keeps
                 "files": {"log": "log.csv", "scene": "scene.toml",
                           "trajectory": "trajectory" if self.traj else None,
                           "video": self.video_path.name if self.video_path else None},

@@ -12,10 +12,12 @@ from __future__ import annotations
 import math
 import os
 import time
+from contextlib import nullcontext
 from typing import Iterable, Iterator
 
 import numpy as np
 
+from particles import tuning
 from particles.drive import AT_END, NEVER, At, Every, Writer, drive
 from particles.clock import step_time
 from particles.clusters import cluster_stats
@@ -92,9 +94,12 @@ def run_unit(unit: dict) -> dict:
     check_unit_size(unit, len(heads))   # before the replicas' tokens are stacked
     tokens = np.stack([build_tokens(dict(t, replicas=1)) for t in unit["tokens"]])
     obs = list(rec["observables"])
-    sim = build_simulation(scene, tokens=tokens, heads=heads,
-                           beta=np.asarray(unit["betas"], dtype=np.float64),
-                           entropy_rate=any(o.startswith("entropy_rate_h") for o in obs))
+    # the sweep's tiles (runner._sweep_tiles), none measured here: every worker sums alike
+    pins = unit.get("tiles")
+    with tuning.pinned(pins, measure=False, why="kept by the sweep") if pins is not None else nullcontext():
+        sim = build_simulation(scene, tokens=tokens, heads=heads,
+                               beta=np.asarray(unit["betas"], dtype=np.float64),
+                               entropy_rate=any(o.startswith("entropy_rate_h") for o in obs))
     record = _Record(rec, sim.n_replicas)
     writers = [record]
     if rec.get("clustering_time") is not None:
@@ -106,7 +111,7 @@ def run_unit(unit: dict) -> dict:
             "times": [step_time(s, sim.dt) for s in record.steps], "observables": obs, "values": record.values,
             "clusters": record.clusters, "min_cosine": record.min_cos,
             "clustering_time": writers[1].first if len(writers) > 1 else None,
-            "nonfinite": int(nonfinite.sum()), "arch": sim.arch, "pid": os.getpid(),
+            "nonfinite": int(nonfinite.sum()), "arch": sim.arch, "tuning": sim.tuning, "pid": os.getpid(),
             "seconds": time.perf_counter() - t0}
 
 

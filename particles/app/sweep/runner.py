@@ -53,7 +53,13 @@ def run_sweep(path, out_dir, executor: str = "local", address: str | None = None
     except BaseException:
         lock.release()
         raise
-    todo = [u for u in sweep.units if u["id"] not in store.done]
+    try:
+        tiles = _sweep_tiles(store)
+    except BaseException:
+        store.close()
+        lock.release()
+        raise
+    todo = [dict(u, tiles=tiles) for u in sweep.units if u["id"] not in store.done]
     skipped = len(sweep.units) - len(todo)
     say(f"sweep '{sweep.name}': {sweep.n_replicas} replicas in {len(sweep.units)} units"
         + (f" ({skipped} already done)" if skipped else "")
@@ -88,6 +94,17 @@ def run_sweep(path, out_dir, executor: str = "local", address: str | None = None
         store.write_meta(status, {"last_run": run})
         lock.release()
     return store.results
+
+
+def _sweep_tiles(store: ResultStore) -> dict:
+    """The wide pass's tiles every unit of the sweep takes, in every attempt: those sweep.json
+    records, else ``tuning.tiles_now()`` (recorded at once). Workers that measured or read the
+    cache each for themselves could pick differently, and other tiles change the bits."""
+    from particles import tuning
+    if store.tiles is None:
+        store.tiles = tuning.tiles_now()
+        store.write_meta("running")
+    return tuning.check_pins(store.tiles, f"{str(store.meta_path)!r} key 'tiles'")
 
 
 def _check_sizes(units) -> None:

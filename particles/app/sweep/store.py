@@ -67,6 +67,7 @@ class ResultStore:
                 "folder, or delete this one to start over"], is_file=False, what="sweep output folder")
         self.attempt = int(meta.get("attempts", 0)) + 1 if meta else 1
         self.runs = list(meta.get("runs", [])) if meta else []    # one entry per invocation
+        self.tiles = meta.get("tiles") if meta else None   # the wide pass's tiles every unit takes
         self.done = _read_ledger(self.ledger)
         self.done = {u: v for u, v in self.done.items() if u in sweep.unit_meta}
         self._check_header()   # refused before anything is written
@@ -143,7 +144,7 @@ class ResultStore:
                 "units_done": len(self.done), "batch": sw.batch,
                 "axes": [{"key": k, "values": v} for k, v in sw.axes],
                 "record": sw.record, "columns": sw.columns, "unit_meta": sw.unit_meta,
-                "runs": self.runs, "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
+                "runs": self.runs, "tiles": self.tiles, "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
         info.update(extra or {})
         write_json(self.meta_path, info)
 
