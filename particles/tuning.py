@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -209,19 +210,60 @@ def best_times(candidates, prepare) -> dict[str, float]:
     return seconds
 
 
+CACHE_LIMIT = 4_000_000   # bytes: a cache holds a few hundred bytes per shape class and CPU
+
+
 def _read(path: Path) -> dict:
+    """The cache's entries; {} (so measured again) when it is absent, damaged, nested too deeply
+    to parse, larger than CACHE_LIMIT, or not a regular file (a FIFO is not waited on, a device
+    such as /dev/zero is not read)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):   # absent or damaged: measure again
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (OSError, ValueError):
         return {}
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > CACHE_LIMIT:
+            return {}
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = json.loads(fh.read(CACHE_LIMIT + 1))
+    except (OSError, ValueError, RecursionError):   # damaged: measure again
+        return {}
+    finally:
+        os.close(fd)
     return data if isinstance(data, dict) else {}
 
 
+def _storable(cache: dict) -> dict:
+    """The entries that are standard JSON: one holding NaN or Infinity (Python's json reads
+    them, other readers do not) or nested too deeply to write is dropped, measured again when
+    next needed."""
+    kept = {}
+    for key, entry in cache.items():
+        try:
+            json.dumps(entry, indent=1, allow_nan=False)
+        except (ValueError, TypeError, RecursionError):
+            continue
+        kept[key] = entry
+    return kept
+
+
 def _write(path: Path, data: dict) -> None:
-    """Best effort: a cache that cannot be written (or is a link) costs a measurement next
-    time, nothing else."""
+    """Best effort: the cache is written only where nothing or a regular file stands (never a
+    device, FIFO, folder or link: PARTICLES_TUNING_CACHE=/dev/null must not replace the device);
+    a cache that cannot be written costs a measurement next time, nothing else."""
     try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError):
+        return
+    else:
+        if not stat.S_ISREG(st.st_mode):
+            return
+    try:
+        text = json.dumps(_storable(data), indent=1, sort_keys=True, allow_nan=False)
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
-    except OSError:   # SymlinkRefused included
+        atomic_write_text(path, text)
+    except (OSError, ValueError, RecursionError):   # SymlinkRefused included
         pass

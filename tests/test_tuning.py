@@ -162,3 +162,84 @@ def test_the_cache_is_never_written_through_a_link(measuring, fake_clock, tmp_pa
     choice = tuning.wide_tiles("float32", "k", timed_by(fake_clock, {"16x3x6": 1.0, "8x3x6": 2.0, "16x2x4": 2.0}))
     assert choice.how == "measured" and outside.read_text() == "keep me" and measuring.is_symlink()
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+# ----------------------------------------------------------------------------- hostile cache paths
+
+FAKE = {"16x3x6": 1.0, "8x3x6": 2.0, "16x2x4": 2.0}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "char device", "folder"])
+def test_a_cache_path_that_is_not_a_regular_file_is_neither_read_nor_replaced(
+        measuring, fake_clock, monkeypatch, tmp_path, kind):
+    """PARTICLES_TUNING_CACHE naming a FIFO (reading it waited forever), a device (/dev/zero
+    was read to a MemoryError; a device node in its place was replaced by a JSON file) or a
+    folder: measured, nothing read from it or written in its place."""
+    import os
+    import stat
+    import threading
+    path = tmp_path / "cache-node"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path = tmp_path / "zero"
+        path.symlink_to("/dev/zero")   # a link to a device: as the device itself to the reader
+    monkeypatch.setenv(tuning.CACHE_ENV, str(path))
+    result = []
+    worker = threading.Thread(target=lambda: result.append(
+        tuning.wide_tiles("float32", "k", timed_by(fake_clock, FAKE))), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "the tuning cache was waited on"
+    assert result[0].how == "measured"
+    mode = os.lstat(path).st_mode
+    assert {"fifo": stat.S_ISFIFO, "folder": stat.S_ISDIR, "char device": stat.S_ISLNK}[kind](mode)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_device_node_as_the_cache_is_left_in_place(measuring, fake_clock, monkeypatch, tmp_path):
+    """mknod ./nulldev c 1 3 as the cache (as root; else /dev/null itself, which is never
+    written either): the device stays a device."""
+    import os
+    import stat
+    node = tmp_path / "nulldev"
+    try:
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("making a device node needs root")
+    monkeypatch.setenv(tuning.CACHE_ENV, str(node))
+    assert tuning.wide_tiles("float32", "k", timed_by(fake_clock, FAKE)).how == "measured"
+    assert stat.S_ISCHR(os.lstat(node).st_mode)
+    assert tuning._read(node) == {}
+
+
+def test_dev_zero_as_the_cache_is_not_read(fake_clock, monkeypatch):
+    monkeypatch.setenv(tuning.ENV, "measure")
+    monkeypatch.setenv(tuning.CACHE_ENV, "/dev/zero")
+    assert tuning.wide_tiles("float32", "k", timed_by(fake_clock, FAKE)).how == "measured"
+
+
+@pytest.mark.parametrize("content", ["[" * 200_000, "{\"k\": " * 200_000, " " * 4_000_001],
+                         ids=["200000 brackets", "200000 objects", "over 4 MB"])
+def test_a_deeply_nested_or_oversized_cache_is_measured_again(measuring, fake_clock, content):
+    """A cache of 200,000 '[' (a RecursionError ended every large run) or one larger than any
+    cache: damaged, measured again, and replaced by a good one."""
+    measuring.write_text(content)
+    choice = tuning.wide_tiles("float32", "k", timed_by(fake_clock, FAKE))
+    assert (choice.tiles.label, choice.how) == ("16x3x6", "measured")
+    assert json.loads(measuring.read_text())["k"]["choice"] == "16x3x6"
+
+
+def test_the_cache_is_never_written_with_nan_or_infinity(measuring, fake_clock):
+    """Another entry holding NaN or Infinity (Python's json reads them) is dropped when the
+    cache is written back: the file stays standard JSON, the good entries stay."""
+    good = {"choice": "8x3x6", "seconds_per_pass": {"8x3x6": 1.0}, "measured": "then"}
+    measuring.write_text('{"nan": {"choice": "8x3x6", "seconds_per_pass": {"8x3x6": NaN}}, '
+                         '"inf": {"choice": "8x3x6", "seconds_per_pass": {"8x3x6": -Infinity}}, '
+                         f'"good": {json.dumps(good)}}}')
+    tuning.wide_tiles("float32", "k", timed_by(fake_clock, FAKE))
+    text = measuring.read_text()
+    stored = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} written to the cache"))
+    assert set(stored) == {"good", "k"} and stored["good"] == good
