@@ -261,8 +261,10 @@ class Scene:
     # output --------------------------------------------------------------------
     def to_toml(self) -> str:
         """The resolved scene as TOML (every default filled, paths absolute)."""
-        header = (f"# resolved scene '{self.name}'"
-                  + (f" (from {self.path})" if self.path else "") + "\n")
+        # a comment ends at a newline, and TOML allows no other control character in one: the
+        # name and the path are escaped, so any folder name gives a file that reads back
+        header = (f"# resolved scene '{_escaped(self.name)}'"
+                  + (f" (from {_escaped(str(self.path))})" if self.path else "") + "\n")
         return header + tomli_w.dumps(_plain(self.data))
 
     def save(self, path) -> Path:
@@ -277,6 +279,13 @@ class Scene:
         t = self.data["tokens"]
         return (f"Scene({self.name!r}: n={t['n']}, d={t['d']}, heads={self.n_heads}, "
                 f"rule={self.data['dynamics']['rule']!r}, source={self.source!r})")
+
+
+def _escaped(text: str) -> str:
+    """``text`` with each control character (and the line separators) as a \\xNN or \\uNNNN
+    escape, for a one-line comment."""
+    return "".join(ascii(c)[1:-1] if schema.has_control_character(c) or c == "\\" else c
+                   for c in text)
 
 
 def _split(heads: list, entries: list) -> list[list]:

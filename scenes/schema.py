@@ -66,6 +66,9 @@ PANELS = ("energy", "energy_rate", "radial_dominance", "entropy", "gamma_bar")
 RENDER_KEYS = ("enabled", "file", "frames", "fps", "view", "color_by", "color_head", "trails",
                "rotate", "projection", "panels", "dpi", "width", "height", "claim")
 RENDER_EXTENSIONS = (".mp4", ".gif")
+# render.RenderConfig's ranges (scenes cannot import render; tests/test_faults_run.py checks
+# that the two agree), so a scene is refused at load, naming its file and key, not mid-run
+RENDER_FPS_MAX, RENDER_DPI, RENDER_PIXELS = 240, (10, 1000), (64, 8192)
 OUTPUT_KEYS = ("dir", "run_dir", "final_checkpoint")
 
 SECTION_KEYS = {"tokens": TOKEN_KEYS, "heads": HEAD_KEYS, "dynamics": DYNAMICS_KEYS,
@@ -229,6 +232,13 @@ def _type_name(v) -> str:
     if isinstance(v, dict):
         return "a table"
     return type(v).__name__
+
+
+def has_control_character(text: str) -> bool:
+    """A newline, a null byte or another control character (also the Unicode line and
+    paragraph separators): in a file or folder name such a character breaks paths and lines."""
+    import unicodedata
+    return any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in text)
 
 
 def show(v) -> str:
@@ -783,7 +793,7 @@ def _render(problems, raw, n_heads, log: dict) -> dict:
         sec.problem("file", f"expected a plain file name (the video is written inside the run "
                             f"directory), got {show(f)}")
     sec.take("frames", integer(1), 150)
-    sec.take("fps", integer(1), 30)
+    sec.take("fps", integer(1, RENDER_FPS_MAX), 30)
     sec.take("view", choice(*VIEWS), "auto")
     color_by = sec.take("color_by", choice(*COLOR_BY), "index")
     needs = {"cluster": ("clusters_every", "set [log] clusters_every >= 1"),
@@ -803,9 +813,9 @@ def _render(problems, raw, n_heads, log: dict) -> dict:
     sec.take("projection", choice(*PROJECTIONS), "pca_initial")
     sec.take("panels", Spec("a list of panel names from " + ", ".join(
         f"'{p}'" for p in PANELS), _panels), list(PANELS))
-    sec.take("dpi", integer(1), 100)
-    sec.take("width", integer(16), 1280)
-    sec.take("height", integer(16), 720)
+    sec.take("dpi", integer(*RENDER_DPI), 100)
+    sec.take("width", integer(*RENDER_PIXELS), 1280)
+    sec.take("height", integer(*RENDER_PIXELS), 720)
     sec.take("claim", string(), "")   # what the film shows, one line under its title
     return sec.out
 
@@ -860,6 +870,9 @@ def resolve(raw: dict, base_dir: Path, default_name: str) -> tuple[dict, list[st
     if name is not MISSING and any(c in name for c in "/\\"):
         top.problem("name", f"must not contain '/' or '\\' (it names the run folder), got "
                             f"{show(name)}")
+    elif name is not MISSING and has_control_character(name):
+        top.problem("name", f"must not contain control characters such as a newline or a null "
+                            f"byte (it names the run folder), got {show(name)}")
     top.take("description", string(), "")
     data.update(top.out)
 

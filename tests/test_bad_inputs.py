@@ -70,6 +70,42 @@ def test_render_does_not_execute_a_rule_file_unless_trusted(tmp_path, capsys):
     assert code == 0 and "wrote" in out
 
 
+# ----------------------------------------------------------------------------- the broken-scene corpus
+
+BROKEN = Path(__file__).resolve().parent / "broken_scenes"
+# refused by the loader, and (at_run/) loaded but refused at the build, by render, or a blow-up
+CORPUS = sorted(BROKEN.glob("*.toml")) + sorted((BROKEN / "at_run").glob("*.toml"))
+
+
+def expected_phrases(path: Path) -> list[str]:
+    return [line.split("expect:", 1)[1].strip() for line in path.read_text().splitlines()
+            if line.startswith("# expect:")]
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=[p.relative_to(BROKEN).as_posix() for p in CORPUS])
+def test_every_refusal_of_a_broken_scene_names_the_scene_file(tmp_path, capsys, path):
+    """`particles run` on each broken scene: exit 2, one paragraph that names the scene file
+    (and says what its file expects), never a traceback; nothing written but the folder's
+    lock, or for a blow-up the outputs up to the last good step."""
+    out = tmp_path / "run"
+    code, stdout, err = run_cli(capsys, "run", path, "--out", out, "--quiet")
+    said = err + " " + " ".join(stdout.split())
+    assert code == 2 and "Traceback" not in said, said
+    assert f"scene file '{path}'" in said, said
+    for phrase in expected_phrases(path):
+        assert phrase in said, (phrase, said)
+    if "blow-up" not in said:
+        assert not out.exists() or [p.name for p in out.iterdir()] == [".lock"]
+
+
+def test_the_corpus_covers_every_kind_of_refusal():
+    at_run = {p.stem for p in CORPUS if p.parent.name == "at_run"}
+    assert {"blow_up", "rule_file_raises", "mask_entropy_rate", "view_circle_in_3d",
+            "strengths_beyond_float32", "too_many_pairs"} <= at_run
+    assert {"name_null_byte", "name_newline", "render_fps_range"} <= {p.stem for p in CORPUS}
+    assert len(CORPUS) >= 55
+
+
 # ----------------------------------------------------------------------------- sizes and values
 
 def test_deep_nesting_is_a_scene_error(tmp_path):

@@ -13,6 +13,7 @@ from render.config import RenderConfig, RunInfo
 from render.panels import is_panel_column
 
 from particles.clusters import cluster_labels
+from particles.output import RunFileError
 
 from .build import build_simulation, head_masks
 from .film_facts import film_facts
@@ -76,12 +77,14 @@ class UntrustedRuleFile(ValueError):
     """Re-rendering would execute the run's rule file, and the user has not allowed it."""
 
 
-def rerender(run_dir, out=None, trust_rule_file: bool = False, **overrides) -> Path:
+def rerender(run_dir, out=None, trust_rule_file: bool = False, echo=print, **overrides) -> Path:
     """Re-render the video of a finished (or interrupted) run from trajectory/ and log.csv,
     without re-simulating. overrides: view, color_by, fps, trails, ... (RenderConfig fields).
     Per-token colours (radial shadow, entropy) are recomputed from the saved tokens, which
     needs the rule: a user rule file is executed only with ``trust_rule_file`` (a run
-    directory can come from anywhere, and its scene names the file to execute)."""
+    directory can come from anywhere, and its scene names the file to execute). A trajectory
+    whose tokens turn non-finite is drawn up to its last finite state, and ``echo`` says
+    where (one non-finite from its first state is refused: RunFileError)."""
     from particles.output import load_log, load_trajectory, refuse_link
     from scenes import load_scene
 
@@ -90,12 +93,19 @@ def rerender(run_dir, out=None, trust_rule_file: bool = False, **overrides) -> P
     steps, times, tokens, meta = load_trajectory(run_dir)
     if tokens.ndim == 4:  # an ensemble: the video shows replica 0, as the live run does
         tokens = tokens[:, 0]
+    finite = _finite_frames(run_dir, steps, times, tokens, echo)
+    steps, times, tokens = steps[:finite], times[:finite], tokens[:finite]
     log = load_log(run_dir)
     if "replica" in log:
         keep = log["replica"] == 0
         log = {k: v[keep] for k, v in log.items()}
     heads = scene.build_heads()
-    cfg = render_config(scene.render, **overrides)
+    try:
+        cfg = render_config(scene.render, **overrides)
+    except ValueError as err:   # the scene's [render] was checked at load: an option is out of range
+        given = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in overrides.items())
+        raise ValueError(f"{err} (options given: {given or 'none'}; the other settings are "
+                         f"[render] in {str(run_dir / 'scene.toml')!r})") from None
     path = Path(out) if out else run_dir / ("rerender" + Path(scene.render.file).suffix)
     if path.suffix.lower() not in (".mp4", ".gif"):
         raise ValueError(f"output {str(path)!r}: the extension must be .mp4 or .gif")
@@ -125,6 +135,30 @@ def rerender(run_dir, out=None, trust_rule_file: bool = False, **overrides) -> P
         raise OSError(errno.EIO, f"the video encoder stopped while writing the video ({err})",
                       str(path)) from None
     return path
+
+
+def _finite_frames(run_dir: Path, steps, times, tokens, echo) -> int:
+    """How many frames, from the first, hold finite tokens and times; the first that does not
+    is named by its chunk and step (a video drawn from NaN shows nothing, silently)."""
+    bad = ~np.isfinite(tokens).reshape(len(tokens), -1).all(axis=1) | ~np.isfinite(times)
+    if not bad.any():
+        return len(tokens)
+    first = int(np.argmax(bad))
+    from particles.output import _read_chunk, trajectory_chunks
+    chunk, frames = "?", 0
+    for path in trajectory_chunks(run_dir / "trajectory"):
+        frames += len(_read_chunk(path, ("steps",))["steps"])
+        if first < frames:
+            chunk = str(path)
+            break
+    where = (f"the trajectory chunk {chunk!r} holds non-finite values (NaN or Inf) from step "
+             f"{int(steps[first])} on (frame {first} of {len(tokens)})")
+    if first == 0:
+        raise RunFileError(f"{where}: there is no finite state to draw (the chunk is damaged, or "
+                           "the run did not write it)")
+    echo(f"warning: {where}: the video stops at step {int(steps[first - 1])}, the last finite "
+         "state")
+    return first
 
 
 def _probe_writable(path: Path) -> None:

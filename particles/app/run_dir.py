@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 import time
 from pathlib import Path
 
@@ -109,20 +110,26 @@ def refuse_other_kind(folder: Path, kind: str) -> None:
                           f"files with it. Choose another --out for the {kind}")
 
 
-def claim_for_new_run(run_dir: Path, overwrite: bool, echo=None) -> None:
+def claim_for_new_run(run_dir: Path, overwrite: bool, echo=print):
     """Under the folder's lock: refuse a folder that already holds a run (its files would mix
-    with the new run's), unless ``overwrite``, which removes that run's files first; a folder
-    holding a sweep is refused always."""
+    with the new run's), unless ``overwrite``; a folder holding a sweep is refused always.
+
+    Returns None when the folder holds no run, else (``overwrite``) the function that removes
+    that run's files: the caller calls it only once the new run can no longer be refused, so
+    that a refused run never leaves the folder without the previous one."""
     refuse_other_kind(run_dir, "run")
     if not holds_run(run_dir):
-        return
+        return None
     if not overwrite:
         raise RunDirError(f"{str(run_dir)!r} already holds a run: a second run there would mix "
                           f"its files with the first. Continue it with `particles resume {run_dir}`, "
                           "pass --overwrite to replace it, or choose another --out")
-    removed = clear_run(run_dir)
-    if echo is not None:
-        echo(f"--overwrite: removed the previous run's files from {run_dir} ({', '.join(removed)})")
+
+    def replace() -> None:
+        removed = clear_run(run_dir)
+        if echo is not None:
+            echo(f"--overwrite: removed the previous run's files from {run_dir} ({', '.join(removed)})")
+    return replace
 
 
 def clear_run(folder: Path) -> list[str]:
@@ -160,7 +167,21 @@ class RunDirLock:
     def acquire(self) -> "RunDirLock":
         import fcntl
         path = refuse_link(self.folder / LOCK)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        try:
+            fd = os.open(path, flags, 0o644)
+        except OSError as err:
+            if is_machine_fault(err):
+                raise
+            raise RunDirError(self._not_a_lock(path, f"cannot be opened ({err.strerror})")) from None
+        st = os.fstat(fd)   # of the file opened, so nothing can be swapped in after the check
+        why = (None if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 else
+               f"has {st.st_nlink} hard links (truncating it to write the process id would change "
+               "the other file, outside the folder)" if stat.S_ISREG(st.st_mode) else
+               "is not a regular file (a device, a pipe or a socket)")
+        if why is not None:
+            os.close(fd)
+            raise RunDirError(self._not_a_lock(path, why))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -173,6 +194,11 @@ class RunDirLock:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
         return self
+
+    def _not_a_lock(self, path: Path, why: str) -> str:
+        return (f"the lock file {str(path)!r} of this {self.what} folder {why}; nothing was "
+                f"written. A {self.what} writes its process id there: remove {str(path)!r} (its "
+                "own file is made again) and try again")
 
     def release(self) -> None:
         if self._fd is not None:

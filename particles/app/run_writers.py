@@ -32,6 +32,8 @@ class LogCsv(Writer):
         self.threshold = float(threshold)
         self.log = LogWriter(path, columns, resume=resume)
         self.extra: dict[tuple[int, int], dict] = {}
+        self.last_step = None   # the step of the last row on disk (None: none this process)
+        self.failed = False     # a write failed: later rows are not written (no gap in the log)
 
     @property
     def rows_written(self) -> int:
@@ -52,7 +54,21 @@ class LogCsv(Writer):
             extra = self.extra.pop((row["step"], row.get("replica", 0)), None)
             if extra:
                 row.update(extra)
-        self.log.write(rows)
+        if self.failed or not rows:
+            return
+        try:
+            self.log.write(rows)
+        except OSError:
+            # a full disk: keep as many whole rows as fit, in order (the batch is all or none)
+            self.failed = True
+            for row in rows:
+                try:
+                    self.log.write([row])
+                except OSError:
+                    break
+                self.last_step = row["step"]
+            raise
+        self.last_step = rows[-1]["step"]
 
     def flush(self):
         self.log.sync()
@@ -71,6 +87,14 @@ class Trajectory(Writer):
         self.trigger = Every(every)
         self.ensemble = ensemble
         self.writer = TrajectoryWriter(folder, meta, first_chunk=first_chunk, first_frames=first_frames)
+        self.frames_added = int(first_frames)
+
+    @property
+    def current_rows(self) -> bool:
+        """True when this state's frame completes a chunk: the rows computed so far are handed
+        out (to log.csv) first, so that the log is never behind the trajectory on disk (on a
+        disk that fills up, the rows get its room first)."""
+        return self.frames_added - self.writer.frames_written + 1 >= self.writer.chunk_frames
 
     @property
     def folder(self) -> Path:
@@ -86,6 +110,7 @@ class Trajectory(Writer):
 
     def on_state(self, state):
         x = state.tokens if self.ensemble else state.tokens[0]
+        self.frames_added += 1
         self.writer.add(state.step, state.time, x)
 
     def flush(self):
