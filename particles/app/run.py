@@ -22,12 +22,14 @@ import os
 import platform
 import re
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from particles import __version__, machine, tuning, validation
+from particles.backend import ArchError
 from particles.drive import Driver, Stopped
 from particles.observables import columns
 from particles.output import RunFileError, atomic_write_text, chunk_name, refuse_link, remove_file, write_json
@@ -127,6 +129,26 @@ def _segments_kept(run_dir: Path, resume_step: int) -> list[dict]:
     return kept
 
 
+def _scene_file_prefix(scene) -> str:
+    """"scene file 'PATH': ", naming the file a scene was read from ("" for one made in Python)."""
+    path = getattr(scene, "path", None)
+    return f"scene file {str(path)!r}: " if path is not None else ""
+
+
+@contextmanager
+def _naming_scene_file(scene):
+    """A refusal of the scene's content while it is built (a value the engine cannot take, a
+    rule file, the render settings) names the scene file, as the loader's problems do."""
+    try:
+        yield
+    except (ValueError, ArchError) as err:
+        prefix = _scene_file_prefix(scene)
+        if prefix and len(err.args) == 1 and isinstance(err.args[0], str) \
+                and str(scene.path) not in err.args[0]:
+            err.args = (prefix + err.args[0],)
+        raise
+
+
 def _version_warning(run_dir: Path, previous: dict | None) -> str | None:
     """A warning when the versions that wrote the run differ from this process's."""
     if not isinstance(previous, dict):
@@ -147,9 +169,11 @@ class Runner:
 
     def __init__(self, scene, run_dir: Path, *, render: bool = True, progress: bool = True,
                  checkpoint_every: int = 0, echo=print, resume: bool = False, interrupts=None,
-                 save_scene: bool = False):
+                 save_scene: bool = False, before_write=None):
         """``save_scene``: a resume records ``scene`` (its new length) in scene.toml, once
-        nothing can refuse the resume any more."""
+        nothing can refuse the resume any more. ``before_write``: called once everything that
+        can refuse a new run (the build, its tuning, the render settings) has passed and before
+        its first file is written (--overwrite removes the previous run's files there)."""
         self.scene, self.run_dir, self.echo = scene, Path(run_dir), echo
         self.interrupts = interrupts
         dyn, log, render_cfg = scene.dynamics, scene.log, scene.render
@@ -158,8 +182,8 @@ class Runner:
         self.show_progress = progress
         self.fingerprint = scene_fingerprint(scene)
         # a resume takes the tiles the run started with: other tiles sum in another order
-        with tuning.pinned(_tiles_recorded(self.run_dir) if resume else None,
-                           why="kept from run.json") as self.tiles:
+        with _naming_scene_file(scene), tuning.pinned(_tiles_recorded(self.run_dir) if resume else None,
+                                                      why="kept from run.json") as self.tiles:
             self.sim = sim = build_simulation(scene, echo=echo)
         if interrupts is not None:
             interrupts.raise_if_requested()   # a signal during the build and compile stops here
@@ -189,6 +213,10 @@ class Runner:
                      "dt": sim.dt, "integrator": sim.integrator.name, "dtype": sim.dtype,
                      "arch": sim.arch, "seed": scene.tokens.seed, "every": traj_every}
         log_resume, first_chunk, first_frames = None, 0, 0
+        # the render settings are checked (the Animation opens its file only with a frame)
+        # before any file is touched
+        with _naming_scene_file(scene):
+            animation = self._open_animation(resume) if self.render_on else None
         self.segments_before: list[dict] = []
         if resume:
             for name in ("run.json", "scene.toml") if save_scene else ("run.json",):
@@ -207,7 +235,13 @@ class Runner:
             first_chunk, first_frames = state["trajectory_chunk"], state["trajectory_frames"]
             self._cut_trajectory_back(first_chunk)
         else:
+            if interrupts is not None:
+                interrupts.raise_if_requested()   # a signal during the build: nothing touched
+            if before_write is not None:
+                before_write()
             scene.save(self.run_dir / "scene.toml")
+        if self.video_path is not None:
+            refuse_link(self.video_path)
         self.first_step = sim.step_count   # where this process's segment of the run starts
         self.cluster_threshold = float(log.cluster_threshold)
         self.log = LogCsv(self.log_path, self.columns, self.log_every, clusters_every,
@@ -216,7 +250,7 @@ class Runner:
                                 first_chunk=first_chunk, first_frames=first_frames)
                      if traj_every > 0 else None)
         color_by = render_cfg.color_by
-        self.video = Video(self._open_animation(resume), self.frame_every, self.log_every, sim.ensemble,
+        self.video = Video(animation, self.frame_every, self.log_every, sim.ensemble,
                            color_by in ("radial", "entropy"),
                            self.cluster_threshold if color_by == "cluster" else None) \
             if self.render_on else None
@@ -268,7 +302,6 @@ class Runner:
             while path.with_name(f"{path.stem}.part{k}{path.suffix}").exists():
                 k += 1
             path = self.video_path = path.with_name(f"{path.stem}.part{k}{path.suffix}")
-        refuse_link(path)
         anim = Animation(path, cfg, info, t_end=self.steps_total * sim.dt)
         anim.__enter__()
         return anim
@@ -347,13 +380,18 @@ class Runner:
                            f"continues from the last checkpoint: particles resume {self.run_dir}")
             except BlowUpError as err:
                 status = "blow-up"
-                message = str(err) + f" Outputs up to the last good step are in {self.run_dir}."
+                message = (_scene_file_prefix(self.scene) + str(err)
+                           + f" Outputs up to the last good step are in {self.run_dir}.")
                 try:
                     driver.drain()
                 except BlowUpError:  # the rows after the first bad one: none of them is valid
                     pass
         except Exception as err:  # noqa: BLE001 - a fault is recorded, then reported or re-raised
             reason = _fault(err, self.run_dir)
+            try:   # the rows computed before the fault go to log.csv, as far as the disk allows
+                driver.drain()
+            except Exception:  # noqa: BLE001 - the fault above is the one to report
+                pass
             try:
                 self.close("failed", reason or f"internal error: {type(err).__name__}: {err}")
             except Exception:  # noqa: BLE001 - the original error is the one to report
@@ -369,8 +407,10 @@ class Runner:
         return self._result(status, message)
 
     def _failed_message(self, reason: str) -> str:
+        last = self.log.last_step
+        rows = "log rows" if last is None else f"log rows (to step {last})"
         return (f"the run failed at step {self.sim.step_count} of {self.steps_total}: {reason}. The "
-                f"log rows and trajectory chunks written before it are in {self.run_dir}"
+                f"{rows} and the trajectory chunks written before it are in {self.run_dir}"
                 + (" (a checkpoint is there to resume from once the cause is fixed)"
                    if (self.run_dir / "checkpoint.npz").exists() else "")
                 + (f"; the video {self.video_path.name} may be unplayable (an MP4 is finished only "
@@ -427,12 +467,23 @@ def run_scene(scene, out: str | Path | None = None, *, render: bool = True, prog
     run_dir = new_run_dir(scene, out)
 
     def start(interrupts):
-        claim_for_new_run(run_dir, overwrite, echo)
+        # a previous run is refused here, or (--overwrite) removed only once this run is built
+        # and nothing can refuse it any more: a refusal leaves the previous run as it was
+        replace = claim_for_new_run(run_dir, overwrite, echo)
+        writing = []
+
+        def before_write():
+            writing.append(True)
+            if replace:
+                replace()
+
         try:
             return Runner(scene, run_dir, render=render, progress=progress,
-                          checkpoint_every=checkpoint_every, echo=echo, interrupts=interrupts)
+                          checkpoint_every=checkpoint_every, echo=echo, interrupts=interrupts,
+                          before_write=before_write)
         except KeyboardInterrupt:   # before the first step: nothing computed, nothing to keep
-            clear_run(run_dir)
+            if writing:
+                clear_run(run_dir)
             raise
 
     return _guarded(run_dir, start, echo)
