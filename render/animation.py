@@ -250,7 +250,8 @@ class Animation:
             notes.append(CLUSTER_LEGEND)
         if self._skipped is not None:
             a, b = self._skipped
-            self._passed_over = (f"t = {a:.3g} to {b:.3g} passed over: no token moved by {STILL_MOVE:g}"
+            span = f"t = {a:.3g}" if f"{a:.3g}" == f"{b:.3g}" else f"t = {a:.3g} to {b:.3g}"
+            self._passed_over = (f"{span} passed over: no token moved by {STILL_MOVE:g}"
                                  + (" of its distance from the origin" if self.info.geometry == "flat" else ""))
             self._skipped = None
         if self._passed_over is not None:

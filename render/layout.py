@@ -26,7 +26,7 @@ def compute_layout(width: int, height: int, dpi: int, n_views: int, n_panels: in
     W, H = float(width), float(height)
     u = dpi / 100.0                        # text sizes are in points: scale pixel pads with dpi
     margin = 10 * u
-    title_band = (44 + 18 * max(title_lines - 2, 0)) * u   # title, [claim,] caption
+    title_band = (44 + 24 * max(title_lines - 2, 0)) * u   # title, [claim,] caption
     top = H - title_band
     out = FrameLayout()
 
@@ -46,7 +46,8 @@ def compute_layout(width: int, height: int, dpi: int, n_views: int, n_panels: in
             y0 = y - ph
             out.panels.append(frac(col_x + pad_l, y0, col_w - pad_l - pad_r, ph))
             below = gap if i < n_panels - 1 else y0        # down to the next panel's title band
-            out.panel_slots.append(frac(col_x, y0 - below, col_w, ph + pad_t + below))
+            spill = 24 * u                                  # tick labels wider than pad_l
+            out.panel_slots.append(frac(col_x - spill, y0 - below, col_w + spill, ph + pad_t + below))
             y = y0 - gap - pad_t
         left_w = col_x - margin
     # particle grid on the left (and the colour bar right of it)

@@ -153,7 +153,7 @@ def _short(col: str) -> str:
 
 class Panel:
     TITLES = {"energy": "energy  $E$, $E_h$",
-              "energy_rate": "energy rate and kinetic term  (Theorem 11)",
+              "energy_rate": "Theorem 11",
               "radial_dominance": r"radial dominance  $\rho_h$",
               "entropy": "mean attention entropy  $\\bar H_h$",
               "gamma_bar": r"mean pairwise cosine  $\bar\gamma$"}
@@ -214,9 +214,11 @@ class Panel:
         self.short = [_short(c) if name not in ("energy_rate", "gamma_bar") else label for c, label in columns]
         self.legend = None
         if name == "energy_rate":
-            self.legend = ax.legend(self.lines, [r"$(1/n)\,\sum_i|\dot x_i|^2$",
-                                                 "$dE/dt$ of the logged $E$"],
-                                    loc="upper right", fontsize=7, frameon=False, handlelength=1.6)
+            # in the title band: a rate that climbs or falls crosses any corner inside
+            self.legend = ax.legend(self.lines, [r"$(1/n)\,\sum_i|\dot x_i|^2$", "$dE/dt$ of the logged $E$"],
+                                    loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=7,
+                                    frameon=False, handlelength=1.6, borderaxespad=0.0, borderpad=0.1,
+                                    columnspacing=0.8)
         elif name == "gamma_bar" and self.theory:
             self.legend = ax.legend(self.lines + self.theory, ["measured"] + [ln.get_label() for ln in self.theory],
                                     loc="lower right", fontsize=6.5, frameon=False, handlelength=1.6)
@@ -275,6 +277,9 @@ class Panel:
         span = hi_t - lo_t
         if span <= 1e-12 * max(1.0, abs(hi_t)):
             span = max(abs(hi_t) * 0.1, 1e-6) if not self.log_scale else 0.5
+        if self.name == "gamma_bar" and span < 0.2:     # a cosine: no 1e-8-wide axis at t = 0
+            mid = 0.5 * (lo_t + hi_t)
+            lo_t, hi_t, span = mid - 0.1, mid + 0.1, 0.2
         pad = 0.08 * span
         new_lo, new_hi = lo_t - pad, hi_t + pad
         if self.ylim is not None:          # widen only, with extra headroom toward the growth
@@ -300,7 +305,7 @@ class Panel:
         short spans, in long strings that spill past the panel)."""
         if decades < 0.4:
             locator, formatter = LogLocator(10, subs=np.arange(1.0, 10.0)), FuncFormatter(lambda v, _: f"{v:.3g}")
-        elif decades < 1.3:
+        elif decades < 2.0:
             locator, formatter = LogLocator(10, subs=(1.0, 2.0, 5.0)), FuncFormatter(lambda v, _: f"{v:g}")
         else:
             locator, formatter = LogLocator(10, numticks=6), LogFormatterSciNotation(10)

@@ -333,8 +333,8 @@ class Disk2DView:
             seg, cols, _ = trail_segments(history, colors)
             self.trails.set_segments(seg)
             self.trails.set_color(cols)
-        self.scatter.set_offsets(pts)
-        self.scatter.set_facecolors(colors)
+        self.scatter.set_offsets(pts[::-1])        # token 0 on top: a cluster shows its first token's colour
+        self.scatter.set_facecolors(colors[::-1])
         if self.first_token is not None:
             self.first_token.place(pts[0])
         if self.labels is not None:
@@ -485,7 +485,7 @@ class Ball3DView:
             self._wire_azim = (self.camera.azim, self.camera.elev)
         proj = self.camera.project(hist[-1])
         depth = proj[:, 2]
-        order = np.argsort(depth, kind="stable")
+        order = np.lexsort((-np.arange(depth.size), depth))   # back to front; on one spot token 0 on top
         d_sorted = depth[order]
         split = int(np.searchsorted(d_sorted, 0.0))
         bi, fi = order[:split], order[split:]
