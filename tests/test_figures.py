@@ -116,7 +116,7 @@ def test_summary_figure_has_a_title_a_log_cluster_axis_and_visible_twin_heads(tm
 
 
 def test_particles_plot_titles_the_figure_from_the_run(tmp_path):
-    from particles.app.cli import _run_title
+    from particles.app.figures import run_title as _run_title
     (tmp_path / "scene.toml").write_text('name = "quickstart"\n[tokens]\nn = 64\nd = 3\n[heads]\ncount = 2\n'
                                          '[dynamics]\nrule = "softmax"\nbeta = 4.0\ngeometry = "sphere"\n')
     assert _run_title(tmp_path) == "quickstart    n = 64, d = 3, H = 2, rule = softmax, \u03b2 = 4"

@@ -37,6 +37,7 @@ examples:
   particles new my_scene                      write a commented starter scene file
   particles render runs/quickstart-...        re-render a finished run (e.g. --out movie.gif)
   particles plot runs/quickstart-...          summary figure of a run's log
+  particles plot runs/het runs/hom            two runs compared, each quantity on one axis
   particles resume runs/quickstart-...        continue an interrupted run from its checkpoint
   particles sweep phase_diagram_1head         a bundled sweep; then `particles plot sweeps/...`
   particles reproduce --quick                 check the paper's results, write a report
@@ -245,47 +246,24 @@ def cmd_reproduce(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from particles.output import load_log
-    from render import plot_summary
     from particles.app.sweep import is_sweep_dir
-    run_dir = Path(args.run_dir)
-    if is_sweep_dir(run_dir):
+    runs = [Path(p) for p in args.run_dir]
+    if len(runs) == 1 and is_sweep_dir(runs[0]):
         from particles.app.sweep.plots import plot_sweep
         try:
-            paths = plot_sweep(run_dir)
+            paths = plot_sweep(runs[0])
         except ValueError as err:
             raise UserError(str(err)) from None
-        for path in paths:
-            print(f"wrote {path}")
-        return 0
-    from particles.output import load_log, refuse_link
-    log = run_dir / "log.csv" if run_dir.is_dir() else run_dir
-    if not log.is_file():
-        raise UserError(f"no log found at {str(log)!r} (give a run directory holding log.csv)")
-    columns = load_log(refuse_link(log))
-    if not columns or len(next(iter(columns.values()))) == 0:
-        raise UserError(f"the log {str(log)!r} has no rows yet: nothing to plot")
-    stem = Path(args.out) if args.out else (log.parent / "summary")
-    if stem.suffix.lower() in (".png", ".svg"):
-        stem = stem.with_suffix("")
-    for suffix in (".png", ".svg"):   # never write through a link left in the folder
-        refuse_link(Path(str(stem) + suffix))
-    for path in plot_summary(columns, stem, title=_run_title(log.parent)):
+    else:
+        sweeps = [str(p) for p in runs if is_sweep_dir(p)]
+        if sweeps:
+            raise UserError(f"{sweeps[0]!r} is a sweep directory: plot it alone (`particles plot "
+                            f"{sweeps[0]}`); several paths are runs compared on one axis")
+        from particles.app.figures import plot_run, plot_runs
+        paths = plot_run(runs[0], args.out) if len(runs) == 1 else plot_runs(runs, args.out)
+    for path in paths:
         print(f"wrote {path}")
     return 0
-
-
-def _run_title(run_dir: Path) -> str | None:
-    """'scene    n = 64, d = 3, H = 2, rule = softmax, \u03b2 = 4' from a run's scene.toml (None
-    without a readable one); every layer's rule is named (summary.scene_title)."""
-    import tomllib
-    from particles.app.summary import scene_title
-    try:
-        with open(run_dir / "scene.toml", "rb") as fh:
-            scene = tomllib.load(fh)
-    except (OSError, ValueError):
-        return None
-    return scene_title(scene, run_dir.name)
 
 
 def cmd_render(args) -> int:
@@ -414,11 +392,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="another run's report.json (e.g. the other mode): list every verdict that differs")
     p.set_defaults(func=cmd_reproduce)
 
-    p = sub.add_parser("plot", help="summary figure of a run's log, or a sweep's phase diagram",
-                       description="Draw a run's log.csv as summary.png and summary.svg, or a sweep "
-                                   "directory's results.csv as phase_diagram.png and .svg.")
-    p.add_argument("run_dir", help="a run directory (log.csv) or a sweep directory (results.csv)")
-    p.add_argument("--out", metavar="STEM", help="output path without extension (default: RUN_DIR/summary)")
+    p = sub.add_parser("plot", help="summary figure of a run, several runs on one axis, or a sweep's "
+                                    "phase diagram",
+                       description="Draw a run's log.csv as summary.png and summary.svg (with the "
+                                   "theory's values that apply: c*(H), ln n, the equiangular ODE); "
+                                   "several runs as comparison.png and .svg, each quantity of every "
+                                   "run on one axis (e.g. `particles plot runs/het runs/hom`); or a "
+                                   "sweep directory's results.csv as phase_diagram.png and .svg.")
+    p.add_argument("run_dir", nargs="+", metavar="RUN",
+                   help="a run directory (log.csv), several to compare, or one sweep directory (results.csv)")
+    p.add_argument("--out", metavar="STEM", help="output path without extension (default: RUN/summary, "
+                                                 "for several runs FIRST_RUN/comparison)")
     p.set_defaults(func=cmd_plot)
     from particles.app.heads_cli import add_parser as add_heads_parser
     add_heads_parser(sub)   # `particles heads MODEL`: a trained model's heads, table and figure
