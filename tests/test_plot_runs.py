@@ -181,3 +181,21 @@ def test_a_sweep_folder_is_plotted_alone(tmp_path, twin_runs):
     (tmp_path / "sweep.json").write_text('{"kind": "sweep"}')
     proc = particles_cli("plot", twin_runs[0], tmp_path)
     assert proc.returncode == 2 and "plot it alone" in proc.stderr
+
+
+def test_each_twin_documents_its_comparison_command():
+    """The one line that runs a pair and plots it on one axis, in both scenes' header comments
+    and in scenes/README.md, naming the pair's own scenes."""
+    import re
+    from pathlib import Path
+    from scenes import bundled_scenes
+    readme = (Path(__file__).resolve().parents[1] / "scenes" / "README.md").read_text(encoding="utf-8")
+    for a, b in TWINS:
+        lines = set()
+        for name in (a, b):
+            header = bundled_scenes()[name][0].read_text(encoding="utf-8").split("\nname = ")[0]
+            lines |= {m.strip() for m in re.findall(r"^#\s+(particles run .*)$", header, flags=re.M)}
+        line, = lines
+        assert re.fullmatch(rf"particles run {a} --out (\S+) && particles run {b} --out (\S+) && "
+                            r"particles plot \1 \2", line), line
+        assert line in readme.splitlines()
