@@ -405,6 +405,12 @@ def run_experiment(quick: bool, fig_dir) -> Result:
          f"kinetic/H (measured to {fmt(max_ident)}) and can never be negative: they cannot show a per-head "
          "decrease at any β."),
     ]
+    def along(v):
+        """A threshold along runs in words: -inf/inf are the search's ends."""
+        if v == -math.inf:
+            return f"< {beta_lo:g} (every β searched)"
+        return f"none up to {traj_hi:g}" if v == math.inf else fmt(v, 3)
+
     negative = [(r["H"], r["n"]) for r in rows_out if r["beta_star"] <= 0]
     if negative:
         verdict.append(
@@ -423,11 +429,11 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         n_pos = len(v["below_beta_star"]) + len(v["at_or_above_beta_star"])
         verdict.append(
             f"Along runs of length {key} (outside the theorem, which speaks about t = 0), Condition 8 (ρ_h ≤ 1) "
-            "first fails at β = " + ", ".join(f"{fmt(bt, 3)} (H={H}, n={n})" for H, n, bs, bt, _ in v["thresholds"])
+            "first fails at β = " + ", ".join(f"{along(bt)} (H={H}, n={n})" for H, n, bs, bt, _ in v["thresholds"])
             + f"; of the {n_pos} cases with β* > 0, {len(v['below_beta_star'])} lie below β*. The paper's form, "
             "which for identical heads on alike tokens reads ρ_h ≤ c*(H) (c*(2) = "
             f"{fmt(c_star(2))}), fails earlier along the same runs: by the equiangular ODE at β = "
-            + ", ".join(f"{fmt(b, 3)} (H={H}, c* = {fmt(c_star(H), 3)})" for H, n, b in v["paper_form_fails_ode"])
+            + ", ".join(f"{along(b)} (H={H}, n={n}, c* = {fmt(c_star(H), 3)})" for H, n, b in v["paper_form_fails_ode"])
             + ".")
     verdict.append(
         "Non-identical heads (outside the theorem's assumptions), from orthonormal tokens: "
@@ -450,7 +456,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
                  r["rho_at_beta_star_softmax"]]
         for t_run in t_runs:
             k = f"t={t_run:g}"
-            cells.append(f"{fmt(tj[k]['beta_cond8_fails'])} / {fmt(tj[k]['beta_cond8_fails_ode'])}" if tj else "—")
+            cells.append(f"{along(tj[k]['beta_cond8_fails'])} / {along(tj[k]['beta_cond8_fails_ode'])}" if tj else "—")
         cells.append(("no" if not tj["stats"]["per_head_decrease_found"] else "yes") if tj else "—")
         trow.append(cells)
     table = md_table(["H", "n", "c*", "β* (closed)", "β_ρ closed", "β_ρ measured", "|diff|",
@@ -475,6 +481,8 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         pos_bs = [(r["n"], r["beta_star"]) for r in rs if r["beta_star"] > 0]   # β* exists only where > 0
         if pos_bs:
             ax.plot(*zip(*pos_bs), "-", marker="_", ms=12, color=f"C{i}", lw=1.2, label=f"H={H}: β* closed")
+        else:
+            ax.plot([], [], "-", color=f"C{i}", lw=1.2, label=f"H={H}: β* ≤ 0 at these n (none)")
         ax.plot(nn, [r["beta_cs_measured"] for r in rs], "x", color=f"C{i}", ms=8)
         ax.plot(nn, [r["beta_rho_measured"] for r in rs], "o", mfc="none", color=f"C{i}", ms=7)
         ax.plot(nn, [r["beta_rho_closed"] for r in rs], ":", color=f"C{i}", lw=1)

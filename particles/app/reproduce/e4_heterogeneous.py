@@ -205,7 +205,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         # a strength lies below lambda_c it claims nothing, so "does not help there" is information
         Check("smallest spread, a strength below λ_c: does heterogeneity help?", float(sum(
             v["heterogeneity_helps"] for v in early.values() if not v["inside"])),
-              f"{sum(not v['inside'] for v in early.values())} totals with a strength below λ_c",
+              f"totals with a strength below λ_c: {sum(not v['inside'] for v in early.values())}",
               "number of those totals where the unequal split is faster (no claim: outside Theorem 22)", True,
               verdict=stats.OUTSIDE,
               note="; ".join(f"λ̄ = {fmt(v['lambda_bar'])}: {'helps' if v['heterogeneity_helps'] else 'does not help'}"

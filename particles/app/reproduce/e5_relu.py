@@ -398,7 +398,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         f"Both rates of Theorem 25 are upper bounds, and both hold on this grid. ReLU: T/(n ln d) rises over the "
         f"in-regime grid by a factor {stats.ci_text(bound_in['growth'], bound_in['lo'], bound_in['hi'])} "
         f"(criterion below {GROWTH_TOL:g}) {cite(checks, checks[0])}. Beyond the bound, the sharper law "
-        f"T = a n ln d + b n + c (information {cite(checks, checks[1])}): {law_text(v_relu)} ({why_relu}). For "
+        f"T = a n ln d + b n + c {cite(checks, checks[1])}: {law_text(v_relu)} ({why_relu}). For "
         "comparison, linearising at γ = 0 (a positive pair cosine grows like "
         f"e^{{2βt/n}} from ~1/√d) gives a ln d slope per token of 1/(4β) = {fmt(1 / (4 * beta), 3)} when n ≪ √d; "
         "the smallest n comes closest to it, and larger n lower it (terms of relative size n/√d). "

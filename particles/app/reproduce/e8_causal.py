@@ -165,7 +165,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         + ("; ".join(f"{k}: exponent {fmt(v['exponent'], 2)}, 95% interval [{fmt(v['lo'], 2)}, {fmt(v['hi'], 2)}] "
                      f"({v['points']} points, {v['dof']} degree{'s' if v['dof'] != 1 else ''} of freedom)"
                      for k, v in fits.items()) or "too few finite lower medians to fit")
-        + (": with so few points the fit cannot tell a power of n from none." if fits and
+        + ("; where the interval contains 0, so few points cannot tell a power of n from none." if fits and
            any(v["lo"] < 0 < v["hi"] for v in fits.values()) else ".")
         + " The claim " + ("holds in these runs." if all(c.passed for c in checks) else "does not hold in every run."))
     return Result(
