@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -55,13 +56,36 @@ def write_json(path: Path, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
 
 
+def open_run_file(path: Path, what: str = ""):
+    """A run file opened for reading (binary): FileNotFoundError if absent, RunFileError if it
+    is not a regular file (a FIFO would be waited on for ever, a device such as /dev/zero read
+    without end), checked on the open descriptor; opened non-blocking so a FIFO does not wait."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket")
+        raise RunFileError(f"{what}{str(path)!r} is not a regular file ({kind}); a run's files "
+                           "are plain files")
+    return os.fdopen(fd, "rb")
+
+
 def _read_run_text(path: Path, what: str, missing: Exception) -> str:
     """A run file's text; ``missing`` raised if it does not exist, RunFileError if it cannot be
-    read (``what`` prefixes the path in that message)."""
+    read or is not a regular file (``what`` prefixes the path in that message)."""
     try:
-        return path.read_text()
+        with open_run_file(path, what) as fh:
+            return fh.read().decode("utf-8")
     except FileNotFoundError:
         raise missing from None
+    except IsADirectoryError:
+        raise RunFileError(f"{what}{str(path)!r} is not a regular file (a folder); a run's files "
+                           "are plain files") from None
     except (OSError, UnicodeDecodeError) as err:
         raise RunFileError(f"{what}{str(path)!r} cannot be read: {err}") from None
 
@@ -169,7 +193,7 @@ def check_log_prefix(path: Path, columns: list[str], rows: int, size: int) -> No
     path = refuse_link(Path(path))
     header = (",".join(columns) + "\n").encode()
     try:
-        fh = open(path, "rb")
+        fh = open_run_file(path)
     except FileNotFoundError:
         raise RunFileError(f"{str(path)!r} is missing") from None
     with fh:
@@ -238,7 +262,11 @@ class TrajectoryWriter:
 def _read_chunk(chunk: Path, keys=("steps", "times", "tokens")) -> dict:
     refuse_link(chunk)
     try:
-        with np.load(chunk, allow_pickle=False) as data:
+        fh = open_run_file(chunk, "trajectory chunk ")
+    except FileNotFoundError:
+        raise RunFileError(f"trajectory chunk {str(chunk)!r} is missing") from None
+    try:
+        with fh, np.load(fh, allow_pickle=False) as data:
             out = {k: data[k] for k in keys}
     except Exception as err:  # noqa: BLE001 - a zip, a header or an array can be broken in many ways
         raise RunFileError(f"trajectory chunk {str(chunk)!r} is corrupt or truncated "
@@ -264,8 +292,6 @@ def count_frames(folder: Path, chunks: int) -> int:
     total = 0
     for i in range(chunks):
         path = Path(folder) / chunk_name(i)
-        if not path.is_file():
-            raise RunFileError(f"trajectory chunk {str(path)!r} is missing")
         total += len(_read_chunk(path, ("steps",))["steps"])
     return total
 

@@ -103,7 +103,7 @@ def _require(module: str):
 def _checkpoint_in(package: Path) -> Path | None:
     """The checkpoint folder of a package folder: itself or its model/ sub-folder."""
     for folder in (package, package / "model"):
-        if (folder / "config.json").is_file():
+        if (folder / "config.json").exists():
             return folder.resolve()
     return None
 
@@ -137,7 +137,7 @@ def _installed_package(name: str) -> tuple[Path | None, Path | None]:
         if ".." not in rel_parts and rel_parts in (tuple(parts) + ("config.json",),
                                                    tuple(parts) + ("model", "config.json")):
             config = Path(dist.locate_file(rel))
-            if config.is_file():
+            if config.exists():
                 return config.parent.resolve(), config.parent
     return None, package
 
@@ -189,13 +189,12 @@ def _open_regular(path: Path, what: str):
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
         raise PretrainedError(f"'{path}' ({what}) cannot be read: {exc.strerror or exc}") from None
-    fh = os.fdopen(fd, "rb")
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
-        fh.close()
+        os.close(fd)
         raise PretrainedError(f"'{path}' ({what}) is not a regular file (a FIFO, device or "
                               "folder); a checkpoint's files must be plain files")
-    return fh, st.st_size
+    return os.fdopen(fd, "rb"), st.st_size
 
 
 def _read_regular(path: Path, what: str, limit: int) -> bytes:
@@ -427,7 +426,7 @@ def open_checkpoint(model) -> Checkpoint:
         raise PretrainedError(f"'{cfg_path}': expected a JSON object, got {type(config).__name__}")
     layout = _layout(config, cfg_path)
     weights = folder / "model.safetensors"
-    if not weights.is_file():
+    if not weights.exists():
         raise PretrainedError(f"model folder '{folder}' has no model.safetensors (only "
                               "safetensors checkpoints are read; no pytorch_model.bin)")
     header, offset = _read_safetensors(weights)
@@ -660,7 +659,7 @@ def text_tokens(model, text: str, layernorm: bool = True, sphere: bool = True,
     if not isinstance(text, str) or not text.strip():
         raise PretrainedError(f"text: expected a non-empty string, got {text!r}", key="text")
     tok_file = ck.folder / "tokenizer.json"
-    if not tok_file.is_file():
+    if not tok_file.exists():
         raise PretrainedError(f"model folder '{ck.folder}' has no tokenizer.json (needed for "
                               "init = 'text')")
     tokenizers = _require("tokenizers")
