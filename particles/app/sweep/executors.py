@@ -160,6 +160,72 @@ class LocalExecutor:
             self._pool = None
 
 
+RAY_STORE_MIN = 75 * 2**20     # Ray refuses a smaller object store
+# A Ray process's own address space besides the object store it maps: a worker after
+# particles.backend.init measured 1.8 GiB (Python, NumPy, Ray's core worker, Taichi's LLVM).
+RAY_PROCESS_BYTES = int(2.5 * 2**30)
+
+
+def object_store_bytes(limit=None, available=None) -> int | None:
+    """The object store of a local Ray cluster under an address-space limit (ulimit -v,
+    prlimit --as), which every Ray process (driver, raylet, workers) maps besides its own
+    RAY_PROCESS_BYTES: Ray's default, 30% of the memory, cannot be mapped there (the raylet
+    timed out starting; a smaller limit aborted the driver in C++). Half of what the limit
+    leaves, at most 30% of the memory available; None without a limit (Ray's default).
+    ``LocalClusterError`` where the limit leaves no room for Ray's smallest store."""
+    import resource
+    from particles.validation import available_bytes
+    if limit is None:
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY or limit <= 0:
+        return None
+    available = available_bytes() if available is None else available
+    size = (limit - RAY_PROCESS_BYTES) // 2
+    if available:
+        size = min(size, int(available * 0.3))
+    if size < RAY_STORE_MIN:
+        raise LocalClusterError(local_cluster_failure(None, None, limit))
+    return int(size)
+
+
+class LocalClusterError(RuntimeError):
+    """A local Ray cluster that cannot start here (the paragraph says why and what fixes it)."""
+
+
+def local_cluster_failure(exc: Exception | None, store: int | None, limit=None) -> str:
+    """One paragraph for a local Ray cluster that did not (or cannot) start, with the setting
+    that fixes it."""
+    import resource
+    if limit is None:
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if exc is None:
+        head = "Ray's local cluster cannot start here"
+    else:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        head = f"Ray's local cluster did not start ({lines[-1][:200] if lines else type(exc).__name__})"
+    if limit != resource.RLIM_INFINITY and limit > 0:
+        need = (RAY_PROCESS_BYTES + 2 * RAY_STORE_MIN) / 2**30
+        store_said = f", {store / 2**30:.2f} GiB here" if store else ""
+        why = (f": this process may use {limit / 2**30:.2f} GiB of address space (ulimit -v, "
+               f"prlimit --as), and each Ray process needs about {RAY_PROCESS_BYTES / 2**30:.1f} GiB "
+               f"of its own besides the object store it maps{store_said} (at least "
+               f"{RAY_STORE_MIN // 2**20} MiB). Raise the limit (to {need:.1f} GiB at the very least; "
+               "ulimit -v unlimited), or start a cluster outside the limit with a store that fits "
+               "(ray start --head --object-store-memory=BYTES) and pass --address 127.0.0.1:6379, "
+               "or use --executor local")
+    else:
+        why = (". Check the memory and the disk space free for Ray (/tmp/ray), or start a cluster "
+               "yourself (ray start --head) and pass --address, or use --executor local")
+    return head + why
+
+
+def _shutdown_quietly(ray) -> None:
+    try:
+        ray.shutdown()
+    except Exception:  # noqa: BLE001 - what a failed start left behind, best effort
+        pass
+
+
 class RayExecutor:
     """Units as Ray tasks (one CPU each). ``address``: an existing cluster (``ray.init(address)``);
     None: a local cluster with ``workers`` CPUs (default: all). At most ``workers`` tasks are in
@@ -197,7 +263,20 @@ class RayExecutor:
                         "cluster uses token authentication, that this machine has its token"],
                         is_file=False, what="sweep option") from None
             else:
-                ray.init(num_cpus=int(workers or os.cpu_count() or 1), **kwargs)
+                from particles.app.sweep.format import SweepError
+                try:
+                    store = object_store_bytes()
+                except LocalClusterError as exc:
+                    raise SweepError("--executor ray", [str(exc)], is_file=False,
+                                     what="sweep option") from None
+                if store is not None:
+                    kwargs["object_store_memory"] = store
+                try:
+                    ray.init(num_cpus=int(workers or os.cpu_count() or 1), **kwargs)
+                except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception on a failed start
+                    _shutdown_quietly(ray)
+                    raise SweepError("--executor ray", [local_cluster_failure(exc, store)],
+                                     is_file=False, what="sweep option") from None
                 self._watchdog = _start_watchdog()
             self._started = True
         cpus = int(ray.cluster_resources().get("CPU", 1))
