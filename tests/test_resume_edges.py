@@ -86,3 +86,43 @@ def test_a_resume_across_versions_warns_and_run_json_keeps_every_segment(tmp_pat
     assert [(s["start_step"], s["end_step"], s["versions"]["particles"]) for s in segments] == [
         (0, 20, "0.0.1"), (20, 30, particles.__version__), (30, 40, particles.__version__)]
     assert all(s["machine"]["model"] == info["machine"]["model"] for s in segments[1:])
+
+
+def test_harmless_edits_do_not_block_a_resume_and_a_refusal_names_the_keys(tmp_path, capsys):
+    """Issue 39.5: name, description or [render] fps changed in a run's scene.toml made resume
+    say "written for a different scene", naming no key."""
+    out = tmp_path / "r"
+    assert run(out, "--steps", 10) == 0
+    scene = out / "scene.toml"
+    text = scene.read_text()
+    for old, new in (('name = "quickstart"', 'name = "renamed"'), ("fps = 20", "fps = 30"),
+                     ('description = "', 'description = "edited: ')):
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    scene.write_text(text)
+    assert main(["resume", str(out), "--steps", "20", "--no-render", "--quiet"]) == 0
+    assert run(tmp_path / "whole", "--steps", 20) == 0      # and it is still the uninterrupted run
+    assert (out / "log.csv").read_bytes() == (tmp_path / "whole" / "log.csv").read_bytes()
+    text = scene.read_text()
+    scene.write_text(text.replace("beta = 4.0", "beta = 5.0").replace("seed = 0\nnoise", "seed = 3\nnoise"))
+    capsys.readouterr()
+    assert main(["resume", str(out), "--steps", "30", "--no-render", "--quiet"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "scene.toml's dynamics.beta, tokens.seed differ from the run's" in err, err
+
+
+def test_a_checkpoint_of_a_version_that_hashed_every_key_still_resumes(tmp_path):
+    """Checkpoints written before the harmless keys were left out hold the hash of them all."""
+    import io
+    from particles.app.checkpoint import scene_fingerprint
+    from scenes import load_scene
+    out = tmp_path / "r"
+    assert run(out, "--steps", 10) == 0
+    with np.load(out / "checkpoint.npz") as data:
+        tokens, state = data["tokens"], json.loads(str(data["state"]))
+    state["scene"] = scene_fingerprint(load_scene(out / "scene.toml")).legacy
+    del state["scene_keys"]
+    buffer = io.BytesIO()
+    np.savez(buffer, tokens=tokens, state=np.array(json.dumps(state)))
+    (out / "checkpoint.npz").write_bytes(buffer.getvalue())
+    assert main(["resume", str(out), "--steps", "20", "--no-render", "--quiet"]) == 0

@@ -34,15 +34,66 @@ _SUMMARY_KEYS = ("first_energy", "last_energy", "final_eps", "max_dominance", "m
 _COUNTS = ("step", "log_rows", "log_bytes", "trajectory_frames", "trajectory_chunk")
 
 
-def scene_fingerprint(scene) -> str:
-    """A hash of the resolved scene, less its length (``resume --steps`` may change that) and
-    whether it ends with a checkpoint (a choice of files; older runs' scenes lack the key)."""
+# Keys of a scene that do not change the computed trajectory or the files a checkpoint counts:
+# editing them in a run's scene.toml does not block its resume. [render] makes only the video,
+# and a resumed run's video goes to a file of its own.
+HARMLESS_KEYS = ("name", "description", "render")
+
+
+class SceneFingerprint(str):
+    """A scene's hash (the string itself), with ``keys`` (a short hash per key, so that a
+    refusal can name the keys that differ) and ``legacy`` (the hash of versions that counted
+    every key, so that their checkpoints still resume)."""
+    keys: dict
+    legacy: str
+
+
+def _hash(value) -> str:
+    text = json.dumps(value, sort_keys=True, default=lambda o: np.asarray(o).tolist())
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _flat(data: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def scene_fingerprint(scene) -> SceneFingerprint:
+    """A hash of the resolved scene, less its length (``resume --steps`` may change that),
+    whether it ends with a checkpoint (a choice of files; older runs' scenes lack the key)
+    and HARMLESS_KEYS."""
     data = copy.deepcopy(scene.data if hasattr(scene, "data") else scene)
     data.get("dynamics", {}).pop("steps", None)
     data.get("dynamics", {}).pop("t_end", None)
     data.get("output", {}).pop("final_checkpoint", None)
-    text = json.dumps(data, sort_keys=True, default=lambda o: np.asarray(o).tolist())
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    legacy = _hash(data)
+    for key in HARMLESS_KEYS:
+        data.pop(key, None)
+    fingerprint = SceneFingerprint(_hash(data))
+    fingerprint.keys = {key: _hash(value)[:12] for key, value in _flat(data).items()}
+    fingerprint.legacy = legacy
+    return fingerprint
+
+
+def _scene_differs(state: dict, fingerprint) -> str | None:
+    """None when the checkpoint was written for this scene, else a reason naming the keys."""
+    if state.get("scene") == fingerprint or state.get("scene") == getattr(fingerprint, "legacy", None):
+        return None
+    theirs, ours = state.get("scene_keys"), getattr(fingerprint, "keys", None)
+    if not isinstance(theirs, dict) or not isinstance(ours, dict):
+        return ("it was written for a different scene (scene.toml changed since; this checkpoint "
+                "predates the record of which keys)")
+    differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+    shown = ", ".join(differ[:8]) + (f" and {len(differ) - 8} more" if len(differ) > 8 else "")
+    return (f"it was written for a different scene: scene.toml's {shown} "
+            f"{'differs' if len(differ) == 1 else 'differ'} from the run's (keys that change the "
+            "computed run; name, description and [render] may change). Restore "
+            f"{'it' if len(differ) == 1 else 'them'}, or run the edited scene anew")
 
 
 _PREFIX: dict = {}   # log path -> (bytes hashed, sha256 object): each checkpoint hashes only new bytes
@@ -172,8 +223,9 @@ def validate(tokens, state: dict, *, run_dir: Path, sim, steps_total: int, finge
     if state["step"] > steps_total:
         raise RunFileError(f"it is at step {state['step']}, past the run's {steps_total} steps "
                            f"(extend the run with `particles resume --steps N`, N >= {state['step']})")
-    if state.get("scene") != fingerprint:
-        raise RunFileError("it was written for a different scene (scene.toml changed since)")
+    differs = _scene_differs(state, fingerprint)
+    if differs:
+        raise RunFileError(differs)
     summary = state.get("summary")
     if not isinstance(summary, dict) or not all(k in summary for k in _SUMMARY_KEYS) or \
             not isinstance(summary["max_dominance"], list) or len(summary["max_dominance"]) != sim.n_heads \

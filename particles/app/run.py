@@ -336,6 +336,7 @@ class Runner:
                 "trajectory_frames": self.traj.frames_written if self.traj else 0,
                 "trajectory_chunk": self.traj.next_chunk if self.traj else 0,
                 "summary": self.summary.state(), "scene": self.fingerprint,
+                "scene_keys": self.fingerprint.keys,   # a refusal names the keys that differ
                 **content_hashes(self.run_dir, self.log.bytes_written,
                                  self.traj.next_chunk if self.traj else 0)}
 
