@@ -126,3 +126,32 @@ def test_a_checkpoint_of_a_version_that_hashed_every_key_still_resumes(tmp_path)
     np.savez(buffer, tokens=tokens, state=np.array(json.dumps(state)))
     (out / "checkpoint.npz").write_bytes(buffer.getvalue())
     assert main(["resume", str(out), "--steps", "20", "--no-render", "--quiet"]) == 0
+
+
+def test_a_damaged_steps_done_is_not_trusted_over_the_checkpoints(tmp_path, capsys):
+    """Issue 39.6: steps_done edited to 100000 while the checkpoints are at step 20 made
+    `resume --steps 30` refuse ("has already done 100000 steps")."""
+    out = tmp_path / "r"
+    assert run(out, "--steps", 20, "--checkpoint-every", 10) == 0
+    info = json.loads((out / "run.json").read_text())
+    info["steps_done"] = 100000
+    (out / "run.json").write_text(json.dumps(info))
+    capsys.readouterr()
+    assert main(["resume", str(out), "--steps", "30", "--no-render"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "says 100000 steps are done, but its newest checkpoint (hashed) is at step 20; log.csv's " \
+           "last row is step 20; the scene has 20 steps: its steps_done is damaged" in said, said
+    assert json.loads((out / "run.json").read_text())["steps_done"] == 30
+    assert run(tmp_path / "whole", "--steps", 30) == 0
+    assert (out / "log.csv").read_bytes() == (tmp_path / "whole" / "log.csv").read_bytes()
+
+
+def test_a_run_without_a_final_checkpoint_keeps_the_steps_its_log_shows(tmp_path, capsys):
+    """run.json beyond the newest checkpoint is believed where log.csv reaches that far (the
+    run ended without a final checkpoint): --steps below it would discard computed steps."""
+    out = tmp_path / "r"
+    assert run(out, "--steps", 25, "--checkpoint-every", 10, "--set", "output.final_checkpoint=false") == 0
+    capsys.readouterr()
+    assert main(["resume", str(out), "--steps", "22", "--no-render", "--quiet"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "has already done 25 steps" in err and "damaged" not in err, err

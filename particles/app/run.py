@@ -490,22 +490,52 @@ def run_scene(scene, out: str | Path | None = None, *, render: bool = True, prog
     return _guarded(run_dir, start, echo)
 
 
-def _steps_done(run_dir: Path, steps_total: int | None = None) -> int | None:
-    """The steps done: the larger of what run.json records and the newest readable
-    checkpoint's step (run.json's steps_done is stale after a SIGKILL, and a checkpoint that
-    cannot be read is left to the checkpoint checks); None when neither can say."""
+def _last_logged_step(run_dir: Path) -> int | None:
+    """The step of log.csv's last complete row (read from its end), None where it has none."""
+    try:
+        with open(run_dir / "log.csv", "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - 65536))
+            lines = fh.read().split(b"\n")[:-1]   # the last piece is cut (or empty)
+        return int(lines[-1].split(b",", 1)[0]) if len(lines) > 1 else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _steps_done(run_dir: Path, steps_total: int | None = None, log_every: int = 1,
+                echo=None) -> int | None:
+    """The steps done, as the hashed files say: the newest readable checkpoint's step, or
+    more where run.json records more and log.csv's rows reach that far (a run without a
+    final checkpoint). run.json's steps_done is stale after a SIGKILL; one beyond the
+    scene's steps or the log's last row is damaged, and said so. None when nothing can say."""
     from .checkpoint import CHECKPOINT, _read
-    found = []
-    done = read_run_json(run_dir).get("steps_done")
-    if type(done) is int:
-        found.append(done)
+    recorded = read_run_json(run_dir).get("steps_done")
+    checkpoint = None
     try:
         step = _read(run_dir / CHECKPOINT)[1].get("step")
         if type(step) is int and 0 <= step <= (steps_total if steps_total is not None else step):
-            found.append(step)   # (past the scene's steps it is damaged: resume falls back)
+            checkpoint = step   # (past the scene's steps it is damaged: resume falls back)
     except (OSError, ValueError, RunFileError):
         pass
-    return max(found) if found else None
+    if type(recorded) is not int or (checkpoint is not None and recorded <= checkpoint):
+        return checkpoint if checkpoint is not None or type(recorded) is not int else recorded
+    last = _last_logged_step(run_dir)
+    believable = ((steps_total is None or recorded <= steps_total) and last is not None
+                  and last <= recorded < last + max(1, log_every) + 1)
+    if believable:
+        return recorded
+    evidence = [s for s in (checkpoint, last) if s is not None]
+    done = max(evidence) if evidence else None
+    if echo is not None:
+        said = "; ".join(part for part in (
+            f"its newest checkpoint (hashed) is at step {checkpoint}" if checkpoint is not None else "",
+            f"log.csv's last row is step {last}" if last is not None else "",
+            f"the scene has {steps_total} steps" if steps_total is not None and recorded > steps_total else "")
+            if part)
+        echo(f"warning: {str(run_dir / 'run.json')!r} says {recorded} steps are done, but {said}: "
+             f"its steps_done is damaged and is not used"
+             + (f"; the run has done {done} steps" if done is not None else ""))
+    return done
 
 
 def resume_run(run_dir: str | Path, *, steps: int | None = None, render: bool = True,
@@ -520,7 +550,7 @@ def resume_run(run_dir: str | Path, *, steps: int | None = None, render: bool = 
     def start(interrupts):
         scene = load_scene(run_dir / "scene.toml")
         if steps is not None:
-            done = _steps_done(run_dir, int(scene.dynamics.steps))
+            done = _steps_done(run_dir, int(scene.dynamics.steps), int(scene.log.every), echo)
             if done is not None and int(steps) < done:
                 # a shorter total would discard computed steps: refuse before touching a file
                 raise RunDirError(f"resume --steps {int(steps)}: {str(run_dir)!r} has already done "
