@@ -5,8 +5,10 @@ For every layer (or the ``--layer`` ones) and head: rank of M_h, asymmetry
 ||M_h' M_h||_op with another head of the layer, the smallest principal angle between the
 ranges of M_h and another head's M_h', and (with ``--text``) the radial dominance rho_h at
 t = 0 on the text's embeddings (sphere, softmax, ``--beta``). Writes heads.csv and
-heads.png / heads.svg in ``--out``, prints the table and the layer's notes (biases, LayerNorm,
-rotary, dtype conversion).
+heads.png / heads.svg in ``--out`` (each quantity on its own scale, the theory's value marked:
+asymmetry 0, value alignment 1 on a diverging map) and, with ``--text``, attention.png: each
+head's attention weights on the text at t = 0; prints the table and the layer's notes
+(biases, LayerNorm, rotary, dtype conversion).
 """
 from __future__ import annotations
 
@@ -63,27 +65,91 @@ def write_csv(rows, path: Path) -> None:
     atomic_write_text(path, "\n".join(lines) + "\n")
 
 
+# per column: colour map, fixed limits (None: the data's) and the theory's value marked on the bar.
+# Value alignment is a signed cosine: a diverging map on [-1, 1], white at 0, the theory's V = M
+# at 1; the asymmetry is >= 0 with the theory's symmetric M at 0, the bottom of its map; rho's
+# Condition 8 bound is 1.
+FIGURE_SCALES = {"asymmetry": ("viridis", (0.0, None), 0.0, "theory: 0 (M symmetric), the bar's foot"),
+                 "value_alignment": ("RdBu_r", (-1.0, 1.0), 1.0, "theory: 1 (V = M), the bar's top; 0 white"),
+                 "max_overlap": ("viridis", (0.0, None), 0.0, "orthogonal heads: 0, the bar's foot"),
+                 "rho_t0": ("viridis", (0.0, None), 1.0, "Condition 8: rho <= 1, black line")}
+
+
 def figure(rows, stem: Path, title: str):
-    """One heatmap (layers x heads) per column of FIGURE_COLUMNS present."""
+    """One heatmap (layers x heads) per column of FIGURE_COLUMNS present, each on its own scale
+    with the theory's value marked on its colour bar."""
     import numpy as np
     from render.figures import new_figure, save_png_svg
     layers = sorted({r["layer"] for r in rows})
     heads = sorted({r["head"] for r in rows})
     cols = [c for c in FIGURE_COLUMNS if any(not math.isnan(r[c]) for r in rows)]
-    fig = new_figure(3.4 * len(cols), 0.45 * len(layers) + 1.6, dpi=100)
+    fig = new_figure(3.6 * len(cols), 0.45 * len(layers) + 1.8, dpi=100)
     axes = fig.subplots(1, len(cols), squeeze=False)[0]
     for ax, c in zip(axes, cols):
         grid = np.full((len(layers), len(heads)), np.nan)
         for r in rows:
             grid[layers.index(r["layer"]), heads.index(r["head"])] = r[c]
-        im = ax.imshow(grid, aspect="auto", cmap="viridis")
-        ax.set_title(c.replace("_", " "))
+        cmap, (lo, hi), theory_value, theory_label = FIGURE_SCALES[c]
+        fin = grid[np.isfinite(grid)]
+        top = hi if hi is not None else max(float(fin.max()) if fin.size else 1.0, theory_value, lo + 1e-12)
+        im = ax.imshow(grid, aspect="auto", cmap=cmap, vmin=lo, vmax=top)
+        ax.set_title(f"{c.replace('_', ' ')}\n({theory_label})", fontsize=9)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         ax.set_xticks(range(len(heads)), [str(h) for h in heads], fontsize=7)
         ax.set_yticks(range(len(layers)), [str(l) for l in layers])
-        fig.colorbar(im, ax=ax, shrink=0.8)
+        bar = fig.colorbar(im, ax=ax, shrink=0.8)
+        bar.ax.axhline(theory_value, color="black", lw=2.5)
     fig.suptitle(title)
+    return save_png_svg(fig, stem)
+
+
+def attention_weights(head, x, beta: float, causal: bool = False):
+    """(n, n) weights softmax_j(beta <Q x_i, K x_j>) of one head on tokens x (n, d), from its
+    factors (no d x d matrix); a causal head sees j <= i only. Texts are short: n x n is small."""
+    import numpy as np
+    x = np.asarray(x, dtype=np.float64)
+    z = beta * (x @ np.asarray(head.query, float).T) @ (x @ np.asarray(head.key, float).T).T
+    if causal:
+        z = np.where(np.tril(np.ones(z.shape, dtype=bool)), z, -np.inf)
+    w = np.exp(z - z.max(axis=1, keepdims=True))
+    return w / w.sum(axis=1, keepdims=True)
+
+
+def attention_figure(ck, layers, text: str, beta: float, stem: Path, fold_layernorm=False, rotary="refuse"):
+    """attention.png: per head of each layer, the weights softmax_j(beta <Q_h x_i, K_h x_j>) on
+    the text's embeddings (on the sphere, as a text scene starts), tokens labelled with their
+    strings; the flow's attention at t = 0 for that beta. n x n per head: texts are short."""
+    import numpy as np
+    from particles import pretrained as P
+    from render.figures import new_figure, save_png_svg
+    tokens = P.text_tokens(ck, text)
+    x = np.asarray(tokens.x, dtype=np.float64)
+    n = x.shape[0]
+    per_layer = [P.load_heads(ck, layer, fold_layernorm=fold_layernorm, rotary=rotary) for layer in layers]
+    most = max(len(lh.heads) for lh in per_layer)
+    cols = min(most, 6)                      # 12 heads: two rows of six per layer
+    rows_per_layer = math.ceil(most / cols)
+    side = max(1.6, min(3.0, 0.16 * n + 0.6))
+    fig = new_figure(side * cols + 1.4, side * len(per_layer) * rows_per_layer + 1.2, dpi=100)
+    grid = fig.subplots(len(per_layer) * rows_per_layer, cols, squeeze=False)
+    labels = [s if len(s) <= 8 else s[:7] + "\u2026" for s in tokens.strings]
+    im = None
+    for k, lh in enumerate(per_layer):
+        row = grid[k * rows_per_layer:(k + 1) * rows_per_layer].ravel()
+        for h, ax in enumerate(row):
+            if h >= len(lh.heads):
+                ax.set_axis_off()
+                continue
+            w = attention_weights(lh.heads[h], x, beta, lh.causal)
+            im = ax.imshow(w, cmap="magma_r", vmin=0.0, vmax=1.0, interpolation="nearest")
+            ax.set_title(f"layer {lh.layer} head {lh.indices[h]}", fontsize=8)
+            small = n <= 24
+            ax.set_xticks(range(n), labels if small else [], fontsize=5, rotation=90)
+            ax.set_yticks(range(n), labels if small and h % cols == 0 else [], fontsize=5)
+    if im is not None:
+        fig.colorbar(im, ax=grid.ravel().tolist(), shrink=0.6, label="attention weight $w_{ij}$ (row i: query)")
+    fig.suptitle(f"attention per head at t = 0, beta = {beta:g}, on: {text[:80]}", fontsize=10)
     return save_png_svg(fig, stem)
 
 
@@ -99,6 +165,9 @@ def cmd_heads(args) -> int:
     write_csv(rows, out / "heads.csv")
     paths = figure(rows, out / "heads", f"{ck.folder.name if ck.folder.name != 'model' else ck.folder.parent.name}"
                    f" ({ck.layout}, {ck.n_layers} layers x {ck.n_heads} heads)")
+    if args.text:
+        paths = list(paths) + list(attention_figure(ck, sorted({r["layer"] for r in rows}), args.text, args.beta,
+                                                    out / "attention", args.fold_layernorm, args.rotary))
     print("  ".join(f"{c:>15}" if i > 1 else f"{c:>5}" for i, c in enumerate(COLUMNS)))
     for r in rows:
         print("  ".join(f"{_fmt(r[c]):>15}" if i > 1 else f"{r[c]:>5}"
