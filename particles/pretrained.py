@@ -447,6 +447,9 @@ def open_checkpoint(model) -> Checkpoint:
         raise PretrainedError(f"'{cfg_path}' key 'num_key_value_heads': {ck.n_kv_heads} does not "
                               f"divide num_attention_heads = {ck.n_heads}")
     d = ck.hidden
+    if layout == "gpt2" and ck.n_heads * ck.head_dim != d:
+        raise PretrainedError(f"'{cfg_path}' key 'head_dim': {ck.head_dim} x {ck.n_heads} heads "
+                              f"is not the hidden size {d} (GPT-2's heads split it)")
     want = (d, 3 * d) if layout == "gpt2" else (ck.n_heads * ck.head_dim, d)
     if ck.shape(probe) != want:
         raise PretrainedError(f"'{cfg_path}': its sizes (hidden {d}, {ck.n_heads} heads) give "

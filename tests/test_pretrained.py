@@ -674,9 +674,11 @@ def test_a_damaged_config_is_one_named_refusal(tmp_path, case):
     ({"num_key_value_heads": "x"}, "key 'num_key_value_heads': expected an integer"),
     ({"num_key_value_heads": 3}, "key 'num_key_value_heads': 3 does not divide"),
     ({"rope_theta": [1]}, "key 'rope_theta': expected a number"),
+    ({"head_dim": 15, "model_type": "gpt2"}, "key 'head_dim': 15 x 2 heads is not the hidden size 8"),
 ])
-def test_a_damaged_llama_config_is_one_named_refusal(tmp_path, change, words):
-    make_checkpoint(tmp_path / "m", "llama", d=8, H=4, Hkv=2)
+def test_a_damaged_llama_or_gpt2_config_is_one_named_refusal(tmp_path, change, words):
+    layout = change.get("model_type", "llama")
+    make_checkpoint(tmp_path / "m", layout, d=8, H=2 if layout == "gpt2" else 4, Hkv=2)
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
     cfg.update(change)
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
