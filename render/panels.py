@@ -252,7 +252,7 @@ class Panel:
     def _head_legend(self, name: str) -> None:
         """'total  h0  h1 ...' in the title band, right of the title: one row up to 7 entries,
         two rows beyond (12 heads), the title shortened to make room."""
-        many = len(self.short) > 5
+        many = len(self.short) > 3                 # four heads named 'h1=h0' fill the band
         rows = 1 if len(self.short) <= 7 else 2
         if many:                                   # make room: short title, tighter legend
             short = r"$\Delta E\,/\,|E(0)|$" if self.energy0 is not None else self.TITLES[name].split("  ")[0]

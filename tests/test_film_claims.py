@@ -227,3 +227,41 @@ def test_every_bundled_scene_names_its_claim():
         raw = tomllib.loads(path.read_text())
         claim = raw.get("render", {}).get("claim", "")
         assert 20 <= len(claim) <= 120, (name, claim)
+
+
+def test_every_bundled_scene_films_the_panels_its_claim_needs():
+    """From each bundled scene's own [render] and heads (no simulation): the panels its film
+    draws, with the theory each claim is judged against."""
+    from particles.app.rerender import run_info
+    from scenes import bundled_scenes, load_scene
+    from minilm import minilm_folder
+    expected = {
+        "energy_monotone": ["energy", "energy_rate", "radial_dominance"],
+        "radial_shadow_sphere": ["energy", "radial_dominance", "energy_rate"],
+        "radial_shadow_flat": ["energy", "energy_rate"],                   # flat: no rho panel
+        "heterogeneous_heads": ["gamma_bar", "energy", "radial_dominance"],
+        "homogeneous_heads": ["gamma_bar", "energy", "radial_dominance"],
+        "critical_beta_h2_below": ["radial_dominance", "energy", "gamma_bar"],
+        "relu_vs_softmax_relu": ["gamma_bar", "energy", "entropy"],        # one head: no rho panel
+        "causal_kpr": ["gamma_bar", "entropy"],
+        "three_layers": ["gamma_bar", "radial_dominance", "entropy"],
+        "quickstart": ["gamma_bar", "energy", "radial_dominance", "entropy"],
+        "entropy_rise": ["entropy", "gamma_bar", "energy"],
+    }
+    for name in sorted(bundled_scenes()):
+        if name.startswith("minilm_") and minilm_folder() is None:
+            continue
+        scene = load_scene(name)
+        heads = scene.build_heads()
+        inf = run_info(scene, heads, scene.dynamics.beta)
+        keys = ["time", "energy", "kinetic", "gamma_bar"] + [f"{base}{h}" for h in range(len(heads))
+                                                             for base in ("energy_h", "radial_dominance_h",
+                                                                          "entropy_mean_h")]
+        panels = available_panels(scene.render.panels, {k: np.ones(1) for k in keys}, inf)
+        assert panels, name
+        if name in expected:
+            assert panels == expected[name], name
+        if inf.n_heads < 2 or inf.geometry == "flat":
+            assert "radial_dominance" not in panels, name
+    assert run_info(load_scene("entropy_rise"), load_scene("entropy_rise").build_heads(), 2.0).theory["gamma_bar"]
+    assert load_scene("radial_shadow_flat").render.color_by == "norm"
