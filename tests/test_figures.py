@@ -39,8 +39,11 @@ def test_index_colouring_has_a_colour_bar_of_positions():
     assert tuple(c.mappable.get_clim()) == (-0.5, 63.5)
 
 
-def test_cluster_count_counts_singletons():
-    assert cluster_count(np.array([0, 0, 1, 2, 2, 2])) == 3
+def test_cluster_count_means_groups_of_two_or_more():
+    """A singleton, drawn grey, is no cluster (the quickstart's caption said '53 clusters')."""
+    from render.colors import singleton_count
+    assert cluster_count(np.array([0, 0, 1, 2, 2, 2])) == 2
+    assert singleton_count(np.array([0, 0, 1, 2, 2, 2])) == 1
 
 
 def _frame_texts(tmp_path, color_by, token_values):
@@ -59,10 +62,10 @@ def _frame_texts(tmp_path, color_by, token_values):
 def test_cluster_frames_say_the_count_and_what_grey_means(tmp_path):
     labels = np.array([0, 0, 0, 1, 1, 2, 3, 4])
     texts, _ = _frame_texts(tmp_path, "cluster", {"cluster": labels})
-    assert "grey: a singleton (in no cluster)" in CLUSTER_LEGEND
-    assert "5 clusters   \u00b7   " + CLUSTER_LEGEND in texts and "t = 0.000" in texts
+    assert "grey: a singleton" in CLUSTER_LEGEND
+    assert "2 clusters, 3 singletons   \u00b7   " + CLUSTER_LEGEND in texts and "t = 0.000" in texts
     texts, _ = _frame_texts(tmp_path, "cluster", {"cluster": np.zeros(8, int)})
-    assert any(t.startswith("1 cluster   \u00b7") for t in texts)
+    assert any(t.startswith("1 cluster, 0 singletons   \u00b7") for t in texts)
 
 
 def test_a_layer_schedule_names_the_layer_in_force(tmp_path):
