@@ -16,7 +16,13 @@ class SceneError(ValueError):
         self.source = str(source)
         self.problems = [str(p) for p in problems]
         self.is_file = is_file
-        what = f"scene file '{self.source}'" if is_file else f"scene '{self.source}'"
+        what = f"scene file '{_escaped(self.source)}'" if is_file else f"scene '{_escaped(self.source)}'"
         count = len(self.problems)
         head = f"{what}: {count} problem{'s' if count != 1 else ''}:"
-        super().__init__("\n  - ".join([head] + self.problems))
+        super().__init__("\n  - ".join([head] + [_escaped(p) for p in self.problems]))
+
+
+def _escaped(text: str) -> str:
+    """A path with a newline or another control character shown escaped, so that each problem
+    stays on its line."""
+    return "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in text)

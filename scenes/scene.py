@@ -190,7 +190,7 @@ class Scene:
             raise SceneError(source, [f"expected a table (dict), got {type(d).__name__}"],
                              is_file=path is not None)
         base = Path(base_dir) if base_dir is not None else Path.cwd()
-        default_name = path.stem if path is not None else "scene"
+        default_name = _folder_name(path.stem) if path is not None else "scene"
         try:
             data, problems = schema.resolve(copy.deepcopy(d), base, default_name)
         except RecursionError:   # thousands of nested tables or arrays
@@ -279,6 +279,12 @@ class Scene:
         t = self.data["tokens"]
         return (f"Scene({self.name!r}: n={t['n']}, d={t['d']}, heads={self.n_heads}, "
                 f"rule={self.data['dynamics']['rule']!r}, source={self.source!r})")
+
+
+def _folder_name(stem: str) -> str:
+    """A file's stem as a scene's default name, which names run folders: a control character
+    (a newline in the file name), '/' or '\\' becomes '_' (a name given in the file is checked)."""
+    return "".join("_" if c in "/\\" or schema.has_control_character(c) else c for c in stem)
 
 
 def _escaped(text: str) -> str:

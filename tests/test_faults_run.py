@@ -235,13 +235,13 @@ def test_render_options_out_of_range_are_named(tmp_path):
 def test_a_newline_in_the_paths_makes_a_run_that_resumes_and_renders(tmp_path):
     folder = tmp_path / "sc\nenes"
     folder.mkdir()
-    scene = folder / "s.toml"
+    scene = folder / "s\n.toml"   # no name in the file: the default name is the file's, made plain
     scene.write_text('[tokens]\nn = 8\nd = 3\n[dynamics]\nsteps = 6\n[log]\ntrajectory_every = 2\n'
                      "[render]\nenabled = false\nwidth = 160\nheight = 120\n")
     run = tmp_path / "n\nl\x1b"
     assert particles_cli("run", scene, "--quiet", "--out", run).returncode == 0
     first = (run / "scene.toml").read_text().split("\n")[0]
-    assert first.startswith("# resolved scene 's' (from ") and "sc\\nenes" in first
+    assert first.startswith("# resolved scene 's_' (from ") and "sc\\nenes/s\\n.toml)" in first
     for args in (["resume", run, "--steps", "10", "--quiet", "--no-render"],   # writes scene.toml again
                  ["resume", run, "--steps", "12", "--quiet", "--no-render"],
                  ["render", run, "--out", tmp_path / "v.gif"]):
@@ -249,3 +249,13 @@ def test_a_newline_in_the_paths_makes_a_run_that_resumes_and_renders(tmp_path):
         assert done.returncode == 0, (args, done.stderr)
     assert "n\\nl\\x1b" in (run / "scene.toml").read_text().split("\n")[0]
     assert logged_steps(run)[-1] == 12
+
+
+def test_a_scene_error_keeps_each_problem_on_its_line(tmp_path):
+    from scenes import SceneError
+    missing = tmp_path / "a\nb" / "none.toml"
+    with pytest.raises(SceneError) as info:
+        load_scene(missing)
+    lines = str(info.value).split("\n")
+    assert len(lines) == 2 and lines[0].startswith("scene file '") and "a\\nb" in lines[0]
+    assert "a\\nb" in lines[1] and info.value.source == str(missing)
