@@ -29,15 +29,20 @@ class Result(Mapping):
     A read-only mapping column -> array (``dict(res)``, ``res.items()``, ``"eps" in res``);
     ``len(res)`` is the number of rows. ``particles.load_log`` returns one too.
     ``final_tokens``: the tokens after the last step, float64, (n, d) or (R, n, d);
-    ``trajectory``: the kept tokens (``sim.run(..., trajectory_every=k)``), else None.
+    ``trajectory``: the kept tokens (``sim.run(..., trajectory_every=k)``), else None;
+    ``meta``: the run's parameters as ``Simulation.run`` knows them (``n``, ``d``, ``n_heads``,
+    ``rule``, ``beta`` one per replica, ``geometry``, ``dt``), empty for a log read from a file.
+
+        res.summary()            # the figure `particles plot` draws, from memory
     """
 
     data: dict = field(default_factory=dict)
     final_tokens: np.ndarray | None = None
     trajectory: "Trajectory | None" = None
+    meta: dict = field(default_factory=dict)   # the run's parameters (n, d, n_heads, rule, beta, ...)
 
     @classmethod
-    def from_rows(cls, rows: list[dict], final_tokens=None) -> "Result":
+    def from_rows(cls, rows: list[dict], final_tokens=None, meta: dict | None = None) -> "Result":
         names: list[str] = []
         for row in rows:
             names += [k for k in row if k not in names]
@@ -46,11 +51,17 @@ class Result(Mapping):
             values = [row.get(name, math.nan) for row in rows]
             integral = name in ("step", "replica", "clusters") and all(isinstance(v, int) for v in values)
             data[name] = np.asarray(values, dtype=np.int64 if integral else np.float64)
-        return cls(data, final_tokens)
+        return cls(data, final_tokens, meta=dict(meta or {}))
 
     @property
     def columns(self) -> list[str]:
         return list(self.data)
+
+    @property
+    def betas(self) -> np.ndarray | None:
+        """beta of each replica (one value without an ensemble), from ``meta``; None when unknown."""
+        beta = self.meta.get("beta") if isinstance(self.meta, Mapping) else None
+        return None if beta is None else np.atleast_1d(np.asarray(beta, dtype=np.float64))
 
     def __getitem__(self, name: str) -> np.ndarray:
         try:
@@ -116,6 +127,11 @@ class Result(Mapping):
             coords["time"] = ("step", self.data["time"].reshape(shape)[(slice(None),) + (0,) * (len(shape) - 1)])
         if ensemble:
             coords["replica"] = replicas
+        betas = self.betas
+        if betas is not None and ensemble and len(betas) > int(replicas.max()):
+            coords["beta"] = ("replica", betas[replicas])   # each replica's inverse temperature
+        elif betas is not None and not ensemble and len(betas) == 1:
+            coords["beta"] = float(betas[0])
         if heads:
             coords["head"] = np.arange(max(max(p) + 1 for p in heads.values()))
         return xr.Dataset(variables, coords=coords)
@@ -148,20 +164,54 @@ class Result(Mapping):
             axes = np.atleast_1d(ax)
             fig = axes[0].figure
         x = self.data.get("time", np.arange(len(self)))
-        keep = (self.data["replica"] == 0) if "replica" in self.data else slice(None)
+        members = self._replica_lines()
         for a, (c, names) in zip(axes, panels):
-            for k in names:
-                y = self.data[k][keep]
-                ok = np.isfinite(y)
-                a.plot(x[keep][ok], y[ok], label=k if len(names) > 1 else None)
+            positive = True
+            for i, k in enumerate(names):
+                for rows, label, color in members:
+                    y = self.data[k][rows]
+                    ok = np.isfinite(y)
+                    positive &= bool((y[ok] > 0).all())
+                    parts = [p for p in (k if len(names) > 1 else None, label) if p]
+                    a.plot(x[rows][ok], y[ok], label=", ".join(parts) or None, color=color,
+                           ls=_LINE_STYLES[i % len(_LINE_STYLES)] if color is not None else "-")
             a.set_ylabel(c)
-            if c in ("eps", "clusters") and all((self.data[k][keep][np.isfinite(self.data[k][keep])] > 0).all()
-                                                for k in names):
+            if c in ("eps", "clusters") and positive:
                 a.set_yscale("log")
-            if len(names) > 1:
-                a.legend(fontsize=7)
+            if len(names) * len(members) > 1:
+                a.legend(fontsize=7, ncol=1 if len(names) * len(members) <= 6 else 2)
         axes[-1].set_xlabel("time" if "time" in self.data else "row")
         return fig
+
+    def _replica_lines(self) -> list[tuple[np.ndarray | slice, str | None, object]]:
+        """(rows, label, colour) per replica: 'β = 3' where the betas are known (colours ordered
+        by beta on a sequential map), else 'replica r'; one entry (all rows, no label, the
+        default colour) without an ensemble."""
+        if "replica" not in self.data:
+            return [(slice(None), None, None)]
+        from matplotlib import colormaps
+        replica = self.data["replica"]
+        ids = np.unique(replica)
+        betas = self.betas
+        known = betas is not None and len(betas) > int(ids.max())
+        order = np.argsort(np.argsort(betas[ids])) if known else np.arange(len(ids))
+        shades = colormaps["viridis"](np.linspace(0.0, 0.85, max(len(ids), 2)))
+        return [(replica == r, f"\u03b2 = {betas[r]:g}" if known else f"replica {r}", shades[order[i]])
+                for i, r in enumerate(ids)]
+
+    def animate(self, **options):
+        """The film of ``trajectory`` (``sim.run(..., trajectory_every=k)``) with this log's
+        panels, inline: ``Trajectory.animate(log=self, **options)``."""
+        if self.trajectory is None:
+            raise ValueError("Result.animate: no tokens were kept; run with trajectory_every=k "
+                             "(sim.run(steps, every, trajectory_every=k))")
+        return self.trajectory.animate(log=self, **options)
+
+    def summary(self, title: str | None = None, replica: int = 0):
+        """The figure `particles plot RUN` draws (every logged quantity against time, per-head
+        columns together), from this Result in memory; a notebook shows it as the cell's value.
+        An ensemble draws ``replica``. Returns the matplotlib Figure."""
+        return _app("summary_figure")(self, title=title, replica=replica)
 
     def to_pandas(self):
         """The columns as a pandas DataFrame (pandas is optional: ImportError names it)."""
@@ -171,6 +221,17 @@ class Result(Mapping):
             raise ImportError("Result.to_pandas needs pandas (pip install pandas); the columns are "
                               "NumPy arrays in result[name] without it") from None
         return pd.DataFrame(self.data)
+
+
+_LINE_STYLES = ("-", "--", ":", "-.")   # per column when replicas take the colours
+
+
+def _app(name: str):
+    """A drawing function of the application layer (particles.app.notebook), which alone may
+    use the renderer: the core imports no renderer, so these methods are the notebook's door
+    to it (as ``particles.run_scene`` is), imported on first use."""
+    import importlib
+    return getattr(importlib.import_module("particles.app.notebook"), name)
 
 
 class Trajectory(NamedTuple):
@@ -189,43 +250,20 @@ class Trajectory(NamedTuple):
     def _repr_html_(self) -> str:
         return display.html_table("Trajectory", display.trajectory_fields(self))
 
-    def animate(self, replica: int = 0, max_frames: int = 200, fps: int = 10):
-        """An inline animation for a notebook (matplotlib's JavaScript player, no files): tokens
-        in their first two coordinates (three on a 3-D axis for d = 3), one frame per saved step
-        (at most ``max_frames``, evenly picked). Returns an object Jupyter displays as HTML."""
-        from matplotlib.animation import FuncAnimation
-        from matplotlib.figure import Figure
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        x = np.asarray(self.tokens, dtype=np.float64)
-        if x.ndim == 4:
-            x = x[:, replica]
-        if x.ndim != 3 or len(x) == 0:
-            raise ValueError(f"Trajectory.animate: no frames to draw (tokens of shape {np.shape(self.tokens)})")
-        pick = np.unique(np.linspace(0, len(x) - 1, min(len(x), max_frames)).round().astype(int))
-        fig = Figure(figsize=(4.5, 4.5), dpi=80)
-        FigureCanvasAgg(fig)
-        three = x.shape[2] == 3
-        ax = fig.add_subplot(projection="3d" if three else None)
-        lim = 1.05 * max(1.0, float(np.nanmax(np.abs(x[..., :3]))))
-        for setter in (ax.set_xlim, ax.set_ylim) + ((ax.set_zlim,) if three else ()):
-            setter(-lim, lim)
-        colors = np.arange(x.shape[1])
-        first = x[pick[0]]
-        dots = (ax.scatter(first[:, 0], first[:, 1], first[:, 2], c=colors, cmap="hsv", s=12) if three
-                else ax.scatter(first[:, 0], first[:, min(1, x.shape[2] - 1)], c=colors, cmap="hsv", s=12))
-        title = ax.set_title("")
+    def animate(self, log=None, replica: int = 0, max_frames: int = 150, fps: int = 15, **render):
+        """The run's film as `particles run` draws it (tokens on the sphere or circle or in a
+        PCA view, coloured by cluster, with the energy, rho and entropy panels of ``log``:
+        a Result, e.g. ``res.animate()``, or ``particles.load_log(run)``), as an inline HTML5
+        video for a notebook; at most ``max_frames`` frames, evenly picked. ``render``: any
+        [render] setting (``view``, ``color_by`` 'index' or 'cluster', ``panels``, ``width``,
+        ...). Returns an object Jupyter displays (``str()`` gives the HTML)."""
+        return _app("film_html")(self, log, replica=replica, max_frames=max_frames, fps=fps, **render)
 
-        def draw(k):
-            f = x[pick[k]]
-            if three:
-                dots._offsets3d = (f[:, 0], f[:, 1], f[:, 2])
-            else:
-                dots.set_offsets(f[:, :2])
-            title.set_text(f"t = {float(self.times[pick[k]]):g}  (step {int(self.steps[pick[k]])})")
-            return dots, title
-
-        anim = FuncAnimation(fig, draw, frames=len(pick), interval=1000 / fps, blit=False)
-        return _Html(anim.to_jshtml(fps=fps, default_mode="once"))
+    def to_html(self, path, log=None, replica: int = 0, max_frames: int = 200, **render):
+        """One self-contained HTML file (plotly, its script inlined: opens offline) with the
+        tokens on a translucent sphere (circle for d = 2, PCA axes above d = 3), a play button
+        and a time slider, rotation by mouse, coloured as in the film. Returns the path."""
+        return _app("write_html")(self, path, log, replica=replica, max_frames=max_frames, **render)
 
 
 class _Html:
@@ -270,3 +308,30 @@ def token_keeper(every: int, ensemble: bool, meta: dict):
                               np.stack(self.frames) if self.frames else np.zeros((0,)), dict(meta))
 
     return _Keep()
+
+
+PROGRESS_UPDATES = 100   # a bar moves at most this many times in a run (each is a stop of the loop)
+
+
+def progress_bar(steps: int):
+    """A drive writer showing a progress bar over ``steps`` steps (``sim.run(..., progress=True)``):
+    tqdm's notebook widget where Jupyter has ipywidgets, its text bar otherwise; it closes
+    itself at the run's last state."""
+    class _Progress(Writer):
+        trigger = Every(max(1, steps // PROGRESS_UPDATES)) | AT_END
+
+        def start(self, sim, step, end):
+            try:
+                from tqdm.auto import tqdm
+                self.bar = tqdm(total=end - step, unit="step", desc="particles")
+            except ImportError:   # a notebook without ipywidgets: tqdm.auto cannot draw its widget
+                from tqdm.std import tqdm
+                self.bar = tqdm(total=end - step, unit="step", desc="particles")
+            self.first, self.end = step, end
+
+        def on_state(self, state):
+            self.bar.update(state.step - self.first - self.bar.n)
+            if state.step >= self.end:
+                self.bar.close()
+
+    return _Progress()

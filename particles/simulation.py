@@ -16,7 +16,7 @@ from .heads import Head
 from .kernels_wide import WIDE_MIN_N, WideHeads
 from .integrators import ExplicitRK, get_integrator
 from .observables import assemble_rows
-from .result import Result, token_keeper
+from .result import Result, progress_bar, token_keeper
 from .rule_check import check_rule_compiles
 from .rules import Rule, get_rule
 from .schedule import Layer, Schedule
@@ -340,10 +340,11 @@ class Simulation:
         self._beta.from_numpy(b.astype(self._np_real))
         self.betas = b
 
-    def run(self, steps: int, every: int = 1, trajectory_every: int = 0):
+    def run(self, steps: int, every: int = 1, trajectory_every: int = 0, progress: bool = False):
         """Advance ``steps`` steps, observing every ``every``-th state and the final one.
         ``trajectory_every=k`` also keeps the tokens every k steps and at the end, in memory:
-        ``result.trajectory`` (a ``particles.Trajectory``; None when 0).
+        ``result.trajectory`` (a ``particles.Trajectory``; None when 0). ``progress=True``
+        shows a progress bar (tqdm).
 
         Returns a ``particles.Result``: NumPy arrays per log column (``result["eps"]``,
         ``result.columns``; ``.to_pandas()`` when pandas is installed), one entry per observed
@@ -356,14 +357,15 @@ class Simulation:
         self.take_rows()
         rows = Rows(Every(every) | AT_END)
         keep = None
+        meta = {"n": self.n, "d": self.d, "n_heads": self.n_heads, "rule": self.rule.name,
+                "beta": self.betas.tolist(), "geometry": self.geometry, "dt": self.dt}
         if trajectory_every:
-            keep = token_keeper(validation.step_count("trajectory_every", trajectory_every, 1), self.ensemble,
-                                {"n": self.n, "d": self.d, "n_heads": self.n_heads, "rule": self.rule.name,
-                                 "beta": self.betas.tolist(), "geometry": self.geometry, "dt": self.dt})
-        drive(self, [rows] + ([keep] if keep else []), self.step_count + steps)
-        result = Result.from_rows(rows.rows, final_tokens=self.tokens)
+            keep = token_keeper(validation.step_count("trajectory_every", trajectory_every, 1), self.ensemble, meta)
+        bar = [progress_bar(steps)] if progress else []
+        drive(self, [rows] + ([keep] if keep else []) + bar, self.step_count + steps)
+        result = Result.from_rows(rows.rows, final_tokens=self.tokens, meta=meta)
         if keep is not None:
-            result = Result(result.data, result.final_tokens, keep.trajectory())
+            result = Result(result.data, result.final_tokens, keep.trajectory(), meta)
         return result
 
     def velocity(self) -> np.ndarray:

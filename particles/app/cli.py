@@ -36,6 +36,7 @@ examples:
   particles show quickstart                   the resolved scene, every default filled in
   particles new my_scene                      write a commented starter scene file
   particles render runs/quickstart-...        re-render a finished run (e.g. --out movie.gif)
+  particles render runs/quickstart-... --html a view to turn by mouse, one offline .html file
   particles plot runs/quickstart-...          summary figure of a run's log
   particles plot runs/het runs/hom            two runs compared, each quantity on one axis
   particles resume runs/quickstart-...        continue an interrupted run from its checkpoint
@@ -275,7 +276,11 @@ def cmd_render(args) -> int:
                                     ("trails", args.trails)) if v is not None}
     from particles.app.rerender import UntrustedRuleFile
     try:
-        out = rerender(run_dir, args.out, trust_rule_file=args.trust_rule_file, **overrides)
+        if args.html:   # the view you can turn: one offline .html file
+            from particles.app.notebook import run_html
+            out = run_html(run_dir, args.out, trust_rule_file=args.trust_rule_file, color_by=args.color_by)
+        else:
+            out = rerender(run_dir, args.out, trust_rule_file=args.trust_rule_file, **overrides)
     except UntrustedRuleFile as err:
         raise UserError(str(err)) from None
     print(f"wrote {out}")
@@ -359,7 +364,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Re-render a run's video from its trajectory/ and log.csv; options "
                                    "not given keep the run's [render] settings.")
     p.add_argument("run_dir", help="the run directory (holding scene.toml and trajectory/)")
-    p.add_argument("--out", metavar="FILE", help="output file (.mp4 or .gif; default: rerender.mp4 in the run)")
+    p.add_argument("--out", metavar="FILE", help="output file (.mp4 or .gif; default: rerender.mp4 in the run; "
+                                                 "with --html an .html file, default view.html in the run)")
+    p.add_argument("--html", action="store_true",
+                   help="write an interactive view instead of a video: one self-contained offline HTML file "
+                        "(tokens on the sphere, play and a time slider, rotation by mouse)")
     p.add_argument("--view", choices=("auto", "circle", "sphere", "pca", "heads"),
                    help="projection of the tokens (auto: circle for d = 2, sphere for d = 3, else pca)")
     p.add_argument("--color-by", choices=("index", "cluster", "radial", "entropy"),
