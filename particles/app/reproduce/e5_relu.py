@@ -349,7 +349,7 @@ def run_experiment(quick: bool, fig_dir) -> Result:
     ax.set_xlabel("n")
     ax.set_ylabel("lower median T / n")
     ax.legend(fontsize=7)
-    panel_label(ax, f"(c) T/n at d = {dmax}")
+    panel_label(ax, f"(c) T/n at d = {dmax}: neither rises with n (upper bounds)")
     fig_name = save(fig, fig_dir, "e5_relu_softmax.png")
 
     rows = []

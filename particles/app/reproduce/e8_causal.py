@@ -13,7 +13,7 @@ from particles.simulation import Simulation
 from scenes import configurations
 
 from . import stats
-from .common import Check, Result, figure, fit_line, fmt, md_table, panel_label, progress, save
+from .common import Check, Result, figure, fit_line, fmt, md_table, panel_label, plain_log_axis, progress, save
 
 D = 3
 COLLAPSED = 1e-4   # every token within 1 - <x_i, x_0(0)> < COLLAPSED of token 0's start (0.8 degrees)
@@ -135,6 +135,8 @@ def run_experiment(quick: bool, fig_dir) -> Result:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=f"C{i}", label=f"β = {fmt(beta)}")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    plain_log_axis(ax, "x", ticks=ns)
+    plain_log_axis(ax, "y")
     ax.set_xlabel("n")
     ax.set_ylabel("lower median collapse time onto token 0")
     ax.legend(fontsize=8)
