@@ -83,3 +83,16 @@ def test_run_shows_a_progress_bar(capsys):
     err = capsys.readouterr().err
     assert "50/50" in err and "100%" in err
     assert list(res["step"]) == [0, 10, 20, 30, 40, 50]
+
+
+def test_run_scene_hands_back_a_table_carrying_its_result_and_trajectory(tmp_path):
+    from scenes import load_scene
+    scene = load_scene("quickstart").replace(dynamics={"steps": 10})
+    rr = particles.run_scene(scene, tmp_path / "run", render=False, progress=False, echo=lambda *a: None)
+    assert repr(rr) == f"RunResult(status=completed, steps=10/10, arch=cpu, run_dir={tmp_path / 'run'})"
+    page = rr._repr_html_()
+    assert "<table" in page and "final eps" in page and "Condition 8" in page and len(page) < 3000
+    res = rr.result
+    assert list(res["step"]) == [0, 5, 10] and res.trajectory.tokens.shape == (3, 64, 3)   # every 5 steps
+    np.testing.assert_array_equal(res.final_tokens, res.trajectory.tokens[-1])
+    assert res.meta["scene"] == "quickstart" and rr.result is res

@@ -48,9 +48,13 @@ from .summary import Summary, energy_note, frame_note, frames_of
 
 @dataclass
 class RunResult:
+    """What ``run_scene`` / ``resume_run`` hand back: the run's files and headline figures.
+    A notebook shows it as a table; ``.result`` is the log as a ``particles.Result`` (its
+    ``.trajectory`` the saved tokens), so ``rr.result.summary()`` and ``rr.result.animate()``
+    draw the run as the command line does."""
     run_dir: Path
     log: Path
-    trajectory: Path | None
+    trajectory: Path | None          # the trajectory folder; rr.result.trajectory holds its tokens
     video: Path | None
     steps_done: int
     steps_total: int
@@ -58,6 +62,51 @@ class RunResult:
     summary: dict = field(default_factory=dict)
     message: str = ""
     arch: str = ""
+
+    @property
+    def result(self):
+        """The log as a ``particles.Result`` (read on first use), with the saved tokens as its
+        ``trajectory`` and the run's parameters as its ``meta``."""
+        cached = self.__dict__.get("_result")
+        if cached is None:
+            from particles.output import load_log, load_trajectory
+            from particles.result import Result
+            trajectory = None
+            if self.trajectory is not None and Path(self.trajectory).exists():
+                trajectory = load_trajectory(self.run_dir)
+            log = load_log(self.log)
+            cached = Result(log.data, final_tokens=None if trajectory is None else trajectory.tokens[-1],
+                            trajectory=trajectory, meta=dict(trajectory.meta) if trajectory else {})
+            self.__dict__["_result"] = cached
+        return cached
+
+    def _fields(self) -> list[tuple[str, object]]:
+        s = self.summary or {}
+        fields = [("status", self.status), ("steps", f"{self.steps_done}/{self.steps_total}"), ("arch", self.arch),
+                  ("run_dir", str(self.run_dir))]
+        fields += [(name, Path(path).name) for name, path in (("log", self.log), ("trajectory", self.trajectory),
+                                                               ("video", self.video)) if path]
+        if isinstance(s.get("final_eps"), float):
+            fields.append(("final eps", s["final_eps"]))
+        first, last = s.get("energy_first"), s.get("energy_last")
+        if isinstance(first, float) and isinstance(last, float) and np.isfinite([first, last]).all():
+            fields.append(("energy", f"{first:.6g} -> {last:.6g}"))
+        c8 = s.get("condition8")
+        if isinstance(c8, dict):
+            fields.append(("Condition 8", f"n/a ({c8.get('why_not')})" if not c8.get("applies") else
+                           "held throughout" if s.get("condition8_held") else "exceeded 1 at some state"))
+        if self.message:
+            fields.append(("message", self.message if len(self.message) <= 160 else self.message[:157] + "..."))
+        return fields
+
+    def __repr__(self) -> str:
+        from particles import display
+        return display.text("RunResult", self._fields()[:4])
+
+    def _repr_html_(self) -> str:
+        from particles import display
+        return display.html_table("RunResult", self._fields(),
+                                  note="rr.result: the log as a Result (.summary(), .animate(), .trajectory)")
 
 
 def _versions() -> dict:
