@@ -176,6 +176,7 @@ def test_a_log_write_that_fails_keeps_whole_rows_in_order(tmp_path, monkeypatch)
     assert "log rows (to step 180)" in result.message
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small file system (root only)")
 def test_a_64_kib_file_system(tmp_path):
     """A real full disk: the log holds every row in order up to the step it names, and never
