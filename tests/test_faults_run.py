@@ -46,6 +46,20 @@ def test_overwrite_keeps_the_previous_run_when_the_new_one_is_refused(tmp_path, 
     assert snapshot(out) == before   # nothing removed, nothing written
 
 
+def test_overwrite_keeps_the_previous_run_when_the_tuning_is_refused(tmp_path, monkeypatch):
+    """The large-n pass's tiles from the environment, refused while the run is built (issue 31:
+    the folder was left holding only .lock); the message names the variable, not the scene."""
+    out = tmp_path / "ow"
+    assert particles_cli("run", "quickstart", *SMALL, "--no-render", "--out", out).returncode == 0
+    before = snapshot(out)
+    monkeypatch.setenv("PARTICLES_TUNING", "wide=0x0x0")
+    done = particles_cli("run", "quickstart", "--set", "tokens.n=5000", "--steps", "2", "--quiet",
+                         "--no-render", "--overwrite", "--out", out)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("error: PARTICLES_TUNING: wide tiles '0x0x0' are not allowed")
+    assert snapshot(out) == before
+
+
 def test_render_settings_are_refused_at_load_naming_the_file_and_key(tmp_path):
     done = particles_cli("run", "quickstart", "--set", "render.fps=100000", "--out", tmp_path / "r")
     assert done.returncode == 2

@@ -193,7 +193,8 @@ def _naming_scene_file(scene):
     except (ValueError, ArchError) as err:
         prefix = _scene_file_prefix(scene)
         if prefix and len(err.args) == 1 and isinstance(err.args[0], str) \
-                and str(scene.path) not in err.args[0]:
+                and str(scene.path) not in err.args[0] \
+                and not err.args[0].startswith("PARTICLES_"):   # the environment's, not the scene's
             err.args = (prefix + err.args[0],)
         raise
 
