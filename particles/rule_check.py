@@ -117,8 +117,8 @@ def probe_in_child(rule: Rule, dtype: str, n: int = 0) -> None:
             name = signal.Signals(-proc.returncode).name
         except ValueError:
             name = f"signal {-proc.returncode}"
-        hint = (" (an integer division or modulo by zero: with a causal or window mask i - j is 0 "
-                "on the diagonal; divide floats, or guard the case)" if name == "SIGFPE" else "")
+        hint = (" (an integer division or modulo by zero at a position it meets, e.g. i - j on the "
+                "diagonal every row sees; divide floats, or guard the case)" if name == "SIGFPE" else "")
         raise RuleCompileError(
             f"{_where(rule, source)} crashed the process with {name}{hint} when evaluated "
             f"{_cases(rule, proc.stdout)}; nothing was run")
@@ -241,7 +241,8 @@ def stale_cache_lock_note(cache_dir=None) -> str:
     return (f"Note: Taichi's kernel-cache lock {str(lock)!r} is {age / 60:.0f} min old and no "
             "process holds it (a process killed while saving the cache left it): until it is "
             "removed every process compiles its kernels again, saves none and warns 'Lock ... "
-            f"failed'. Remove it (rm {str(lock)!r}); nothing else in the cache need go.")
+            f"failed'. Remove it (rm {'-r ' if lock.is_dir() else ''}{str(lock)!r}); nothing else in "
+            "the cache need go.")
 
 
 def probe_edges(rule: Rule, dtype: str) -> None:
