@@ -182,7 +182,7 @@ class Panel:
         ax.grid(True, color="0.92", lw=0.6)
         ax.set_axisbelow(True)
         title = self.RELATIVE_TITLE if self.energy0 is not None else self.TITLES[name]
-        ax.set_title(title, fontsize=10, loc="left", pad=3)
+        ax.set_title(title, fontsize=10, loc="left", pad=3, y=1.0)   # y given: not moved between redraws
         if show_xlabel:
             ax.set_xlabel("time $t$", fontsize=9, labelpad=2)
         else:
@@ -256,7 +256,7 @@ class Panel:
         rows = 1 if len(self.short) <= 7 else 2
         if many:                                   # make room: short title, tighter legend
             short = r"$\Delta E\,/\,|E(0)|$" if self.energy0 is not None else self.TITLES[name].split("  ")[0]
-            self.ax.set_title(short, fontsize=10, loc="left", pad=3)
+            self.ax.set_title(short, fontsize=10, loc="left", pad=3, y=1.0)
         self.legend = self.ax.legend(self.lines, self.short, loc="lower right", bbox_to_anchor=(1.0, 1.0),
                                      ncol=math.ceil(len(self.short) / rows), frameon=False,
                                      fontsize=6 if rows > 1 else 6.5 if many else 7,
