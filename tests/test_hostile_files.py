@@ -108,3 +108,12 @@ def test_a_checkpoint_file_that_is_not_a_file_is_refused(tmp_path, name, kind):
         P.text_tokens(P.open_checkpoint(tmp_path / "m"), "the cat sat")
     with pytest.raises(P.PretrainedError, match=f"{name}' .*is not a regular file"):
         within(10, use)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_resume_reader_of_run_json_does_not_wait_on_a_fifo(tmp_path, kind):
+    """run_dir.read_run_json (resume's steps done, segments, status): a FIFO as run.json hung
+    `particles resume` past SIGTERM; it is read as absent."""
+    from particles.app.run_dir import read_run_json
+    plant(tmp_path / "run.json", kind)
+    assert within(10, read_run_json, tmp_path) == {}

@@ -15,7 +15,7 @@ import stat
 import time
 from pathlib import Path
 
-from particles.output import RunFileError, refuse_link, remove_file
+from particles.output import RunFileError, open_run_file, refuse_link, remove_file
 
 LOCK = ".lock"
 # What a run writes at the top of its folder (videos are added from run.json and by suffix).
@@ -38,9 +38,10 @@ def holds_run(folder: Path) -> bool:
 def read_run_json(folder: Path) -> dict:
     """A run folder's run.json as a dict; {} when it is absent, unreadable or not an object
     (its readers then fall back on what else the folder says)."""
-    try:
-        info = json.loads((Path(folder) / "run.json").read_text())
-    except (OSError, ValueError):
+    try:   # open_run_file: a FIFO or device there is refused, not waited on (resume hung)
+        with open_run_file(Path(folder) / "run.json") as fh:
+            info = json.loads(fh.read())
+    except (OSError, ValueError, RecursionError):
         return {}
     return info if isinstance(info, dict) else {}
 
