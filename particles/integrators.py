@@ -4,66 +4,139 @@ geometry's retraction.
 Every path reads the same tableau, so an integrator defined here (or by a user) runs the same
 way on the fused small-n kernel and on the per-kernel paths; no path matches on a name.
 
-The engine keeps two state-sized buffers for the stages (one stage point, one running sum),
-so a tableau's stage s may use only the previous stage's slope: stage point
-x_s = x + reach[s-1] dt k_{s-1}, and the step x <- retract(x + dt/denominator sum_s weights[s] k_s).
-Euler, Heun, the midpoint rule and classical RK4 are of that form (their Butcher matrix has
-only the sub-diagonal).
+A tableau is its strictly lower-triangular matrix ``a`` (stage s's point is
+x_s = x + dt sum_{j<s} a[s][j] k_j), its weights b = weights / denominator (the step
+x <- retract(x + dt/denominator sum_s weights[s] k_s); integers keep RK4's sums exact, as
+written by hand) and, for an embedded pair, the weights ``b_hat`` of the lower-order solution
+(also times the denominator). Any explicit tableau runs: the engine keeps one slope buffer per
+stage whose slope a later stage still reads (``slope_slots``: a buffer is reused once its
+slope is read for the last time), so Euler, Heun, the midpoint rule and classical RK4 (whose
+matrix has only the sub-diagonal) keep one, Kutta's 3/8 rule three.
 
 On the per-kernel paths, ``step`` sees only ``ops``: ``evaluate(x, xdot, observe)`` writes
 the velocity at x, ``axpy(out, x, a, y)`` sets out = x + a y, ``accumulate(acc, a, y, first)``
-and ``retract(x)``. ``observe`` is passed to the first stage, whose point is the current state.
+and ``retract(x)``; ``ops.slopes`` holds the slope buffers (the first is the simulation's
+xdot). ``observe`` is passed to the first stage, whose point is the current state.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+from .errors import ParticlesUserError
 
 
 @dataclass(frozen=True)
 class ExplicitRK:
-    """An explicit Runge-Kutta method whose stage s uses the slope of stage s - 1 only.
+    """An explicit Runge-Kutta method.
 
     name: what scenes and ``Simulation(integrator=...)`` call it.
-    reach: c_2..c_S, the stage points' distance in units of dt (S - 1 numbers).
-    weights: b_1..b_S times ``denominator`` (integers keep RK4's sums exact, as written by hand).
+    reach: c_2..c_S for a method whose stage s uses only the slope of stage s - 1 (the
+        sub-diagonal of ``a``); give either reach or ``a``.
+    weights: b_1..b_S times ``denominator``.
     order: the global order of accuracy, which the tests hold it to.
+    a: the rows 2..S of the Butcher matrix, row s holding a[s][1..s-1] (s - 1 numbers).
+    b_hat: an embedded pair's second weights, times ``denominator`` (read by adaptive
+        stepping; a fixed step uses ``weights``).
     """
 
     name: str
-    reach: tuple
-    weights: tuple
-    denominator: float
-    order: int
+    reach: tuple = ()
+    weights: tuple = ()
+    denominator: float = 1.0
+    order: int = 1
+    a: tuple | None = None
+    b_hat: tuple | None = None
 
     def __post_init__(self):
-        if len(self.weights) != len(self.reach) + 1 or not self.weights:
-            raise ValueError(f"integrator {self.name!r}: {len(self.weights)} weights need "
-                             f"{len(self.weights) - 1} stage reaches, got {len(self.reach)}")
-        if abs(sum(self.weights) - self.denominator) > 1e-12 * abs(self.denominator):
-            raise ValueError(f"integrator {self.name!r}: the weights {self.weights} must sum to "
-                             f"the denominator {self.denominator} (a consistent method)")
-        object.__setattr__(self, "reach", tuple(float(a) for a in self.reach))
+        stages = len(self.weights)
+        if not stages:
+            raise ParticlesUserError(f"integrator {self.name!r}: at least one weight is needed")
+        if self.a is None:
+            if len(self.reach) != stages - 1:
+                raise ParticlesUserError(f"integrator {self.name!r}: {stages} weights need "
+                                         f"{stages - 1} stage reaches, got {len(self.reach)}")
+            a = tuple((0.0,) * (s - 1) + (float(c),) for s, c in enumerate(self.reach, start=1))
+        else:
+            if self.reach:
+                raise ParticlesUserError(f"integrator {self.name!r}: give the stage reaches or the "
+                                         "matrix a, not both")
+            a = tuple(tuple(float(v) for v in row) for row in self.a)
+            shape = [len(row) for row in a]
+            if shape != list(range(1, stages)):
+                raise ParticlesUserError(f"integrator {self.name!r}: {stages} weights need the rows "
+                                         f"2..{stages} of a strictly lower-triangular matrix, with "
+                                         f"{list(range(1, stages))} entries; got rows of {shape}")
+        for label, ws in (("weights", self.weights), ("b_hat", self.b_hat)):
+            if ws is None:
+                continue
+            if len(ws) != stages:
+                raise ParticlesUserError(f"integrator {self.name!r}: {label} has {len(ws)} entries, "
+                                         f"the tableau {stages} stages")
+            if abs(sum(ws) - self.denominator) > 1e-12 * abs(self.denominator):
+                raise ParticlesUserError(f"integrator {self.name!r}: the {label} {tuple(ws)} must sum "
+                                         f"to the denominator {self.denominator} (a consistent method)")
+        object.__setattr__(self, "a", a)
+        object.__setattr__(self, "reach", tuple(math.fsum(row) for row in a))
         object.__setattr__(self, "weights", tuple(float(b) for b in self.weights))
         object.__setattr__(self, "denominator", float(self.denominator))
+        if self.b_hat is not None:
+            object.__setattr__(self, "b_hat", tuple(float(b) for b in self.b_hat))
 
     @property
     def stages(self) -> int:
         return len(self.weights)
 
+    @property
+    def c(self) -> tuple:
+        """The stages' times in units of dt, c_1 = 0."""
+        return (0.0,) + self.reach
+
+    def terms(self, s: int) -> tuple:
+        """Stage s's point as (a[s][j], j) over the slopes it reads (nonzero entries)."""
+        return tuple((v, j) for j, v in enumerate(self.a[s - 1]) if v != 0) if s > 0 else ()
+
+    @property
+    def slope_slots(self) -> tuple:
+        """The slope buffer of each stage: a buffer is reused by the first stage after the last
+        one whose point reads its slope (that stage's point is formed before its slope is
+        written), so a method using only the previous slope needs one buffer."""
+        last_read = list(range(self.stages))
+        for s in range(1, self.stages):
+            for _, j in self.terms(s):
+                last_read[j] = max(last_read[j], s)
+        slots, held_until = [], []
+        for s in range(self.stages):
+            free = next((q for q, until in enumerate(held_until) if until <= s), None)
+            if free is None:
+                free = len(held_until)
+                held_until.append(0)
+            held_until[free] = last_read[s]
+            slots.append(free)
+        return tuple(slots)
+
+    @property
+    def slope_buffers(self) -> int:
+        return max(self.slope_slots) + 1
+
     def step(self, ops, dt: float, observe: bool) -> None:
         """One step on the per-kernel paths (the fused kernel unrolls the same tableau)."""
-        x, k = ops.x, ops.xdot
-        ops.evaluate(x, k, observe)
+        x = ops.x
+        k = [ops.slopes[q] for q in self.slope_slots]
+        ops.evaluate(x, k[0], observe)
         ops.after_first_stage(observe)
         if self.stages == 1:
-            ops.axpy(x, x, dt * (self.weights[0] / self.denominator), k)
+            ops.axpy(x, x, dt * (self.weights[0] / self.denominator), k[0])
         else:
             xs, acc = ops.stage_x, ops.stage_acc
-            ops.accumulate(acc, self.weights[0], k, 1)
-            for reach, weight in zip(self.reach, self.weights[1:]):
-                ops.axpy(xs, x, reach * dt, k)
-                ops.evaluate(xs, k, False)
-                ops.accumulate(acc, weight, k, 0)
+            ops.accumulate(acc, self.weights[0], k[0], 1)
+            for s in range(1, self.stages):
+                point = x
+                for coefficient, j in self.terms(s):
+                    ops.axpy(xs, point, coefficient * dt, k[j])
+                    point = xs
+                ops.evaluate(point, k[s], False)
+                ops.accumulate(acc, self.weights[s], k[s], 0)
             ops.axpy(x, x, dt / self.denominator, acc)
         ops.retract(x)
 
@@ -73,6 +146,22 @@ class ExplicitRK:
 # lowering the order.
 EULER = ExplicitRK("euler", reach=(), weights=(1,), denominator=1, order=1)
 RK4 = ExplicitRK("rk4", reach=(0.5, 0.5, 1.0), weights=(1, 2, 2, 1), denominator=6, order=4)
+# Full lower-triangular tableaux (not offered to scenes; Simulation(integrator=...) takes them)
+KUTTA_38 = ExplicitRK("kutta_3/8", a=((1 / 3,), (-1 / 3, 1), (1, -1, 1)), weights=(1, 3, 3, 1),
+                      denominator=8, order=4)
+_R5 = math.sqrt(5.0)
+RALSTON_4 = ExplicitRK(   # Ralston (1962): the fourth-order tableau of least truncation error
+    "ralston4",
+    a=((0.4,),
+       ((-2889 + 1428 * _R5) / 1024, (3785 - 1620 * _R5) / 1024),
+       ((-3365 + 2094 * _R5) / 6040, (-975 - 3046 * _R5) / 2552, (467040 + 203968 * _R5) / 240845)),
+    weights=((263 + 24 * _R5) / 1812, (125 - 1000 * _R5) / 3828, (3426304 + 1661952 * _R5) / 5924787,
+             (30 - 4 * _R5) / 123),
+    order=4)
+# An embedded pair, for adaptive stepping: third order, b_hat second
+BOGACKI_SHAMPINE = ExplicitRK("bogacki_shampine", a=((1 / 2,), (0, 3 / 4), (2 / 9, 1 / 3, 4 / 9)),
+                              weights=(2 / 9, 1 / 3, 4 / 9, 0), order=3,
+                              b_hat=(7 / 24, 1 / 4, 1 / 3, 1 / 8))
 
 INTEGRATORS = {m.name: m for m in (EULER, RK4)}
 
@@ -83,5 +172,5 @@ def get_integrator(integrator) -> ExplicitRK:
         return integrator
     if isinstance(integrator, str) and integrator in INTEGRATORS:
         return INTEGRATORS[integrator]
-    raise ValueError(f"integrator must be one of {tuple(INTEGRATORS)} or a "
-                     f"particles.ExplicitRK, got {integrator!r}")
+    raise ParticlesUserError(f"integrator must be one of {tuple(INTEGRATORS)} or a "
+                             f"particles.ExplicitRK, got {integrator!r}")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import taichi as ti
 
-from . import backend, kernels_gpu
+from . import backend, kernels_gpu, paths
 from .rules import Rule
 
 # Per-token observable slots (last axis of the `tok` buffer), per head h:
@@ -399,10 +399,11 @@ class PlainHeads:
     def __init__(self, kern: KernelSet):
         self.kern = kern
 
-    def __call__(self, x, Q, K, W, O, q, k, u, beta, hint, hreal, g, f, row, observe):
-        self.kern.project(x, Q, K, W, q, k, u)
-        self.kern.pair(q, k, u, beta, hint, hreal, g, row, observe)
-        self.kern.head_out(g, O, f)
+    def __call__(self, x, ops, hint, observe):
+        """The heads' outputs at state x into ops.f (and ops.row): ``layout.Operands``."""
+        self.kern.project(x, ops.Q, ops.K, ops.W, ops.q, ops.k, ops.u)
+        self.kern.pair(ops.q, ops.k, ops.u, ops.beta, hint, ops.hreal, ops.g, ops.row, observe)
+        self.kern.head_out(ops.g, ops.O, ops.f)
 
 
 # -- the fast path for exponential rules ----------------------------------------------------
@@ -500,21 +501,21 @@ class FastHeads:
         self.n, self.keep_qk = n, keep_qk
         self._ready = False
 
-    def __call__(self, x, Q, K, W, O, q, k, u, beta, hint, hreal, g, f, row, observe):
-        """Writes f and row (always: the row statistics cost O(n)); q and k if keep_qk.
-        u and g are unused: the packed uc and gt take their place."""
+    def __call__(self, x, ops, hint, observe):
+        """Writes ops.f and ops.row (always: the row statistics cost O(n)); ops.q and ops.k
+        if keep_qk. u and g are unused: the packed uc and gt take their place."""
         prep, project, pair, head_out = self.kernels
         first = not self._ready
         if first:
             with _compile_options(scalarize=True):
-                prep(Q, K, W, O, self.qc, self.kc, self.wt, self.ot, self.bias, self.n)
+                prep(ops.Q, ops.K, ops.W, ops.O, self.qc, self.kc, self.wt, self.ot, self.bias, self.n)
         with _compile_options(scalarize=False, active=first):
-            project(x, beta, hreal, self.qc, self.kc, self.wt, self.xt, self.xq, self.qt, self.kt, self.uc,
-                    q, k, self.keep_qk)
+            project(x, ops.beta, ops.hreal, self.qc, self.kc, self.wt, self.xt, self.xq, self.qt, self.kt,
+                    self.uc, ops.q, ops.k, self.keep_qk)
         with _compile_options(scalarize=True, active=first):
-            pair(self.qt, self.kt, self.bias, self.uc, self.gt, row, hint, hreal, -1)
+            pair(self.qt, self.kt, self.bias, self.uc, self.gt, ops.row, hint, ops.hreal, -1)
         with _compile_options(scalarize=False, active=first):
-            head_out(self.gt, self.ot, f)
+            head_out(self.gt, self.ot, ops.f)
         self._ready = True
 
 
@@ -927,3 +928,8 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
                             f[b, h, i, ec * L + cc] = rows[t][cc]
 
     return prep, project, pair, head_out
+
+
+# the implementations of ``paths.SPECS`` this module serves: factory(kern, R, n, keep_qk)
+paths.register("plain", lambda kern, R, n, keep_qk: PlainHeads(kern))
+paths.register("fast", lambda kern, R, n, keep_qk: FastHeads(kern.spec, R, n, keep_qk, features=kern.features))

@@ -24,7 +24,8 @@ bit-cast or call exp on those vectors, so the float32 exp is a polynomial of e^(
 squared five times (``exp_clamped``).
 
 Layout (e < d, a < rank, jl < nbl groups of L tokens, TR row vectors per register tile):
-    xt, st, kt, at  (R, d, nbl)      state, stage state, stage velocity, RK4 sum (transposed)
+    xt, st, at  (R, d, nbl)          state, stage state, the weighted sum of slopes (transposed)
+    kt       (R, S d, nbl)           the stages' slopes, S buffers (``ExplicitRK.slope_slots``)
     qv       (R, H, r, nblp)         beta Q_h x_i (rows i in lanes), nblp = nbl padded to TR
     ks, us   (R, H, n, ceil(r/L))    K_h x_j, W_h x_j per token, the rank in lanes
     kw, ww   (H, d, ceil(r/L))       K_h, W_h by columns, the rank in lanes
@@ -45,7 +46,7 @@ import numpy as np
 import taichi as ti
 from taichi.lang import impl
 
-from . import kernels
+from . import kernels, paths
 from .kernels import SLOTS_PER_HEAD, n_tok_slots
 from .paths import pair_work
 
@@ -107,7 +108,8 @@ class FusedSteps:
         def varr(*shape):
             return ti.ndarray(vec, shape=shape)
 
-        self.xt, self.st, self.kt, self.at = (varr(R, d, nbl) for _ in range(4))
+        self.xt, self.st, self.at = (varr(R, d, nbl) for _ in range(3))
+        self.kt = varr(R, integrator.slope_buffers * d, nbl)
         self.qv, self.gv = varr(R, H, r, nblp), varr(R, H, rvp, nblp)
         self.ks = varr(R, H, npad, -(-r // L))   # per token, the rank over lanes
         self.us = varr(R, H, n, -(-rvp // L))
@@ -134,15 +136,16 @@ class FusedSteps:
         self.mask.from_numpy(m.reshape(nbl, L))
         self._compiled = False
 
-    def __call__(self, sim, steps: int, observe_every: int, observe_now: bool, slot: int) -> None:
-        """steps > 0: advance; steps == 0: xdot at the current state (observed if observe_now,
-        reduced into batch slot ``slot``)."""
+    def __call__(self, ops, dt: float, step_count: int, steps: int, observe_every: int,
+                 observe_now: bool, slot: int) -> None:
+        """steps > 0: advance ops.x from step ``step_count``; steps == 0: ops.xdot at the current
+        state (observed if observe_now, reduced into batch slot ``slot``). ops: ``layout.Operands``."""
         if self.max_steps is not None and steps > self.max_steps:  # the phase counters' size
             raise ValueError(f"a shared fused launch takes at most {self.max_steps} steps, got {steps}")
-        args = (sim._x, sim._Q, sim._K, sim._W, sim._O, sim._beta, sim._xdot, sim._tok, sim._red,
-                sim._sumx, self.xt, self.st, self.kt, self.at, self.qv, self.ks, self.us, self.kw, self.ww, self.gv,
-                self.fv, self.rowv, self.zs, self.mask, self.sync, sim.dt, int(steps),
-                int(observe_every), int(sim.step_count), int(observe_now), int(slot), self.workers)
+        args = (ops.x, ops.Q, ops.K, ops.W, ops.O, ops.beta, ops.xdot, ops.tok, ops.red,
+                ops.sumx, self.xt, self.st, self.kt, self.at, self.qv, self.ks, self.us, self.kw, self.ww, self.gv,
+                self.fv, self.rowv, self.zs, self.mask, self.sync, dt, int(steps),
+                int(observe_every), int(step_count), int(observe_now), int(slot), self.workers)
         with kernels._compile_options(scalarize=False, active=not self._compiled):
             self.kernel(*args)
         self._compiled = True
@@ -217,6 +220,9 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
     STAGES = integrator.stages          # the tableau, unrolled (integrators.ExplicitRK)
     REACH = integrator.reach + (0.0,)   # stage s's point: x + REACH[s] dt k_s
     WEIGHTS, DENOMINATOR = integrator.weights, integrator.denominator
+    SLOT = integrator.slope_slots       # stage s's slope lives in kt[b, SLOT[s] d + e]
+    TERMS = [integrator.terms(s) for s in range(STAGES)] + [()]  # (a[s][j], j) of stage s's point
+    CHAIN = integrator.slope_buffers == 1  # stage s reads only the slope of stage s - 1
     exponential = rule.exponential
     softmax_norm = rule.normalization == "softmax"
     kernel_fn = None if exponential else ti.func(rule.kernel)
@@ -359,10 +365,20 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                 rowv[b, h, 1, il0 + t] = energy
 
     @ti.func
-    def rows_output(b, jl, y: ti.template(), out: ti.template(), Of: ti.template(), observe, n,
+    def slope_base(stage):
+        """The first row of stage ``stage``'s slope in kt (0 for a one-buffer tableau)."""
+        base = 0
+        if ti.static(not CHAIN):
+            for s in ti.static(range(STAGES)):
+                if stage == s:
+                    base = SLOT[s] * d
+        return base
+
+    @ti.func
+    def rows_output(b, jl, y: ti.template(), out: ti.template(), base, Of: ti.template(), observe, n,
                     gv: ti.template(), fv: ti.template(), rowv: ti.template(), tok: ti.template()):
-        """out = xdot of the L tokens of group jl (head outputs f = O g, their sum, the tangent
-        projection); with observe, their per-token observables into tok."""
+        """out[b, base + e] = xdot of the L tokens of group jl (head outputs f = O g, their sum,
+        the tangent projection); with observe, their per-token observables into tok."""
         yv = [y[b, e, jl] for e in ti.static(range(d))]
         v = [splat(0) for _ in ti.static(range(d))]
         v_radial = splat(0)
@@ -383,7 +399,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
         kinetic = splat(0)
         for e in ti.static(range(d)):
             xde = v[e] - v_radial * yv[e]
-            out[b, e, jl] = xde
+            out[b, base + e, jl] = xde
             kinetic += xde * xde
         if observe:
             observe_group(b, jl, yv, v_radial, kinetic, fv, rowv, tok, n)
@@ -474,23 +490,40 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
         acc = sum_s WEIGHTS[s] k_s, the next stage point x + REACH[s] dt k_s; at the last
         stage x + (dt / DENOMINATOR) acc, then the retraction."""
         last = stage == STAGES - 1
-        keep = c(0) if stage == 0 else c(1)
-        weight = c(WEIGHTS[0])
-        reach = c(REACH[0]) * dt
-        for s in ti.static(range(1, STAGES)):
-            if stage == s:
-                weight = c(WEIGHTS[s])
-                reach = c(REACH[s]) * dt
-        for e in ti.static(range(d)):
-            if ti.static(STAGES > 1):
-                a_new = keep * at[b, e, jl] + weight * kt[b, e, jl]
-                at[b, e, jl] = a_new
-                if last:
-                    xt[b, e, jl] = xt[b, e, jl] + (dt / c(DENOMINATOR)) * a_new
+        if ti.static(CHAIN):  # one slope buffer: the stage's weight and reach chosen at run time
+            keep = c(0) if stage == 0 else c(1)
+            weight = c(WEIGHTS[0])
+            reach = c(REACH[0]) * dt
+            for s in ti.static(range(1, STAGES)):
+                if stage == s:
+                    weight = c(WEIGHTS[s])
+                    reach = c(REACH[s]) * dt
+            for e in ti.static(range(d)):
+                if ti.static(STAGES > 1):
+                    a_new = keep * at[b, e, jl] + weight * kt[b, e, jl]
+                    at[b, e, jl] = a_new
+                    if last:
+                        xt[b, e, jl] = xt[b, e, jl] + (dt / c(DENOMINATOR)) * a_new
+                    else:
+                        st[b, e, jl] = xt[b, e, jl] + reach * kt[b, e, jl]
                 else:
-                    st[b, e, jl] = xt[b, e, jl] + reach * kt[b, e, jl]
-            else:
-                xt[b, e, jl] = xt[b, e, jl] + (dt * c(WEIGHTS[0] / DENOMINATOR)) * kt[b, e, jl]
+                    xt[b, e, jl] = xt[b, e, jl] + (dt * c(WEIGHTS[0] / DENOMINATOR)) * kt[b, e, jl]
+        else:  # a full tableau: stage s's point reads the slopes of TERMS[s + 1]
+            for s in ti.static(range(STAGES)):
+                if stage == s:
+                    for e in ti.static(range(d)):
+                        a_new = c(WEIGHTS[s]) * kt[b, SLOT[s] * d + e, jl]
+                        if ti.static(s > 0):
+                            a_new = at[b, e, jl] + a_new
+                        at[b, e, jl] = a_new
+                        if ti.static(s == STAGES - 1):
+                            xt[b, e, jl] = xt[b, e, jl] + (dt / c(DENOMINATOR)) * a_new
+                        else:
+                            point = xt[b, e, jl]
+                            for t in ti.static(range(len(TERMS[s + 1]))):
+                                point = point + (c(TERMS[s + 1][t][0]) * dt) * \
+                                    kt[b, SLOT[TERMS[s + 1][t][1]] * d + e, jl]
+                            st[b, e, jl] = point
         if ti.static(sphere):
             if last:
                 sq = splat(0)
@@ -595,7 +628,8 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                                                 v[k] = x[b, jl * L + k, comp]
                                         xt[b, comp, jl] = v
                                 else:
-                                    rows_output(b, jl, st, kt, Of, observed_before, n, gv, fv, rowv, tok)
+                                    rows_output(b, jl, st, kt, slope_base((e - 1) % STAGES), Of,
+                                                observed_before, n, gv, fv, rowv, tok)
                             if rounds == 1 or not observed_before:
                                 if e > 0 and steps > 0:
                                     rows_advance(b, jl, (e - 1) % STAGES, dt, xt, st, kt, at, mask)
@@ -637,3 +671,6 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                 observed_before = observe
 
     return fused
+
+
+paths.register("fused", FusedSteps)  # FusedSteps(rule, geometry, dtype, d, H, r, rv, integrator, R, n)

@@ -16,7 +16,7 @@ import functools
 
 import taichi as ti
 
-from . import backend
+from . import backend, paths
 
 CHUNK = 256  # tokens per partial sum
 
@@ -142,16 +142,17 @@ def rows_per_thread(r: int, rv: int) -> int:
 
 
 class TiledHeads:
-    """project, the tiled pair pass and head_out: ``KernelSet.head_pass`` on a GPU arch."""
+    """project, the tiled pair pass and head_out: implementation 'gpu' of the tiled path."""
 
     def __init__(self, kern, rule, dtype: str, d: int, H: int, r: int, rv: int, features):
         self.kern = kern
         self.pair = _tiled_pair(rule, dtype, d, H, r, rv, features)
 
-    def __call__(self, x, Q, K, W, O, q, k, u, beta, hint, hreal, g, f, row, observe):
-        self.kern.project(x, Q, K, W, q, k, u)
-        self.pair(q, k, u, beta, hint, hreal, g, row, observe)
-        self.kern.head_out(g, O, f)
+    def __call__(self, x, ops, hint, observe):
+        """The heads' outputs at state x into ops.f (and ops.row): ``layout.Operands``."""
+        self.kern.project(x, ops.Q, ops.K, ops.W, ops.q, ops.k, ops.u)
+        self.pair(ops.q, ops.k, ops.u, ops.beta, hint, ops.hreal, ops.g, ops.row, observe)
+        self.kern.head_out(ops.g, ops.O, ops.f)
 
 
 @functools.lru_cache(maxsize=None)
@@ -327,3 +328,6 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
                             row[b, h, i, 3] = pot[s]
 
     return pair
+
+
+paths.register("gpu", lambda kern, R, n, keep_qk: TiledHeads(kern, *kern.gpu_spec))

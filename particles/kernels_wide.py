@@ -25,10 +25,10 @@ import os
 import numpy as np
 import taichi as ti
 
-from . import kernels, tuning
+from . import kernels, paths, tuning
 from .kernels_fused import CLAMP, lane_columns, vector_helpers
-
-WIDE_MIN_N = 512   # from this many tokens the wide pass replaces FastHeads (benchmarks/step.py)
+from .layout import Operands
+from .paths import WIDE_MIN_N  # noqa: F401  (from this many tokens the wide pass serves)
 AC = 8             # value components per accumulator tile
 JBK = 256          # about this many columns per flash block (their scores stay in L1/L2)
 MEASURE_MAX_N = 1024   # tiles are timed on at most this many tokens (a pass of a few ms to ~20 ms)
@@ -69,9 +69,11 @@ def timed_pass(spec, n: int, tiles: tuning.WideTiles):
                   device(H, rv, d, scale=d ** -0.5), device(H, d, rv, scale=rv ** -0.5))
     beta, f, row = device(1), ti.ndarray(real, shape=(1, H, n, d)), ti.ndarray(real, shape=(1, H, n, 4))
     heads = WideHeads(spec, 1, n, tuning.Choice(tiles, "being measured"))
+    ops = Operands(x=xs, xdot=None, beta=beta, Q=Q, K=K, W=W, O=O, hreal=None, q=None, k=None, u=None,
+                   g=None, f=f, row=row, tok=None, red=None, sumx=None)
 
     def one_pass():
-        heads(xs, Q, K, W, O, None, None, None, beta, None, None, None, f, row, False)
+        heads(xs, ops, None, False)
         ti.sync()
 
     return one_pass
@@ -109,14 +111,16 @@ class WideHeads:
         self.acc = ti.ndarray(vec, shape=(self.nslot, TR, rvp))
         self._compiled = False
 
-    def __call__(self, x, Q, K, W, O, q, k, u, beta, hint, hreal, g, f, row, observe):
-        """hint, hreal (per-head bands, biases, betas) are unused: such heads never come here."""
+    def __call__(self, x, ops, hint, observe):
+        """ops.f and ops.row at state x. hint and ops.hreal (per-head bands, biases, betas) are
+        unused: such heads never come here."""
         transpose, project, pair = self.kernels
         with kernels._compile_options(scalarize=False, active=not self._compiled):
             transpose(x, self.xt)
             for h in range(self.H):
-                project(x, Q, K, W, beta, self.xt, self.qv, self.ks, self.us, self.kw, self.ww, h)
-                pair(self.qv, self.ks, self.us, O, f, row, self.zs, self.acc, x.shape[1], h)
+                project(x, ops.Q, ops.K, ops.W, ops.beta, self.xt, self.qv, self.ks, self.us, self.kw,
+                        self.ww, h)
+                pair(self.qv, self.ks, self.us, ops.O, ops.f, ops.row, self.zs, self.acc, x.shape[1], h)
         self._compiled = True
 
 
@@ -307,3 +311,6 @@ def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: 
                             row[b, h, i0 + k, 3] = energy[k]
 
     return transpose, project, pair
+
+
+paths.register("wide", lambda kern, R, n, keep_qk: WideHeads(kern.spec, R, n, tuned(kern.spec, n)))

@@ -11,10 +11,18 @@ Each declares the capabilities it serves; ``choose`` gives ``auto`` the fastest 
 declares everything the simulation uses, and refuses an explicit path that cannot serve it,
 naming what is missing. Every path reads the integrator's tableau (``integrators``), so an
 integrator needs no declaration. Taichi-free: the scene schema may import it.
+
+A path is served by one or more implementations (the code that runs), listed in its row
+as data: when each applies (rule kinds, positions, mixed rules, the entropy rate, arch, a
+least n) and which of the Simulation's per-kernel operands it reads. ``choose`` returns a
+``Plan``: the path, the implementation of every pair pass (one per distinct rule of a layer)
+and the operands to allocate. Each kernel module registers its factory under its
+implementation's name (``register``); ``Simulation`` builds only what the plan names.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 # Size limits of the fused path: loops over components and ranks are unrolled at compile
 # time (12 s at d = 64 uncached).
@@ -30,6 +38,7 @@ FUSED_MAX_D = 64
 FUSED_MAX_N = 256
 FUSED_MAX_WORK = 2.5e9
 EXP_COST = 24  # the float32 exp and the weight bookkeeping, in multiply-adds per pair
+WIDE_MIN_N = 512  # from this many tokens the wide pass serves exponential rules (benchmarks/step.py)
 
 PATHS = ("auto", "fused", "tiled", "plain")
 
@@ -50,8 +59,20 @@ def rule_kind(rule) -> str:
 
 
 @dataclass(frozen=True)
+class PassNeeds:
+    """What one pair pass (the heads of one rule in one layer) uses."""
+
+    rule: str              # one of RULE_KINDS
+    positions: bool        # its layer has masks, ALiBi or a head's own beta
+    mixed_rules: bool      # its layer has heads with other rules (each rule its own pass)
+    entropy_rate: bool     # q and k are kept for the entropy rate
+    arch: str
+    n: int
+
+
+@dataclass(frozen=True)
 class Needs:
-    """What a simulation uses, as the chooser sees it."""
+    """What a simulation uses, as the chooser sees it (``passes``: its pair passes, in order)."""
 
     rules: frozenset            # of RULE_KINDS
     positions: bool             # masks, ALiBi, a head's own beta or rule
@@ -64,6 +85,35 @@ class Needs:
     r: int
     rv: int
     dtype: str
+    passes: tuple = ()
+
+
+# the Simulation's per-kernel arrays an implementation may read or write (besides the state,
+# the factors, beta and the observables' buffers, which every path has)
+OPERANDS = ("q", "k", "u", "g", "f", "row")
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One code of a path, as data: what it serves and the operands it reads or writes.
+    ``steps``: it advances whole steps (the fused kernel), else it is one pair pass."""
+
+    name: str
+    rules: frozenset
+    positions: bool = False
+    mixed_rules: bool = False
+    entropy_rate: bool = False
+    arch: str = "any"            # "cpu", "gpu" (any GPU arch) or "any"
+    min_n: int = 0
+    operands: frozenset = frozenset()
+    steps: bool = False
+
+    def serves(self, p: PassNeeds) -> bool:
+        return (p.rule in self.rules and (self.positions or not p.positions)
+                and (self.mixed_rules or not p.mixed_rules)
+                and (self.entropy_rate or not p.entropy_rate)
+                and (self.arch == "any" or (self.arch == "cpu") == (p.arch == "cpu"))
+                and p.n >= self.min_n)
 
 
 @dataclass(frozen=True)
@@ -76,6 +126,11 @@ class PathSpec:
     cpu_only: bool
     max_rank: int | None = None
     max_d: int | None = None
+    implementations: tuple = field(default=())   # preferred first
+
+    def implementation_for(self, p: PassNeeds) -> Implementation:
+        """The first of this path's implementations that serves pass ``p``."""
+        return next(i for i in self.implementations if i.serves(p))
 
     def missing(self, needs: Needs) -> list[str]:
         """The capabilities ``needs`` uses that this path does not declare (empty: it serves)."""
@@ -99,14 +154,82 @@ class PathSpec:
 _RULE_WORDS = {"exponential": "exp/softmax", "kernel": "k(z)", "positional": "k(z, i, j, n)"}
 _ALL_RULES = frozenset(RULE_KINDS)
 
+_EXP = frozenset({"exponential"})
+_PER_KERNEL = frozenset({"q", "k", "u", "g", "f", "row"})
+# the implementations, each registered by its kernel module under its name
+FUSED = Implementation("fused", frozenset({"exponential", "kernel"}), steps=True)  # kernels_fused
+WIDE = Implementation("wide", _EXP, arch="cpu", min_n=WIDE_MIN_N,                 # kernels_wide
+                      operands=frozenset({"f", "row"}))
+FAST = Implementation("fast", _EXP, positions=True, entropy_rate=True, arch="cpu",  # kernels
+                      operands=frozenset({"f", "row"}))   # (q, k too for the entropy rate)
+GPU = Implementation("gpu", _ALL_RULES, positions=True, mixed_rules=True, entropy_rate=True,
+                     arch="gpu", operands=_PER_KERNEL)                                # kernels_gpu
+PLAIN = Implementation("plain", _ALL_RULES, positions=True, mixed_rules=True, entropy_rate=True,
+                       operands=_PER_KERNEL)                                          # kernels
+
 # Fastest first: ``auto`` takes the first that serves (and, for fused, is small enough).
 SPECS = (
     PathSpec("fused", rules=frozenset({"exponential", "kernel"}), positions=False, layers=False,
-             entropy_rate=False, cpu_only=True, max_rank=FUSED_MAX_RANK, max_d=FUSED_MAX_D),
-    PathSpec("tiled", rules=_ALL_RULES, positions=True, layers=True, entropy_rate=True, cpu_only=False),
-    PathSpec("plain", rules=_ALL_RULES, positions=True, layers=True, entropy_rate=True, cpu_only=False),
+             entropy_rate=False, cpu_only=True, max_rank=FUSED_MAX_RANK, max_d=FUSED_MAX_D,
+             implementations=(FUSED,)),
+    PathSpec("tiled", rules=_ALL_RULES, positions=True, layers=True, entropy_rate=True, cpu_only=False,
+             implementations=(WIDE, FAST, GPU, PLAIN)),
+    PathSpec("plain", rules=_ALL_RULES, positions=True, layers=True, entropy_rate=True, cpu_only=False,
+             implementations=(PLAIN,)),
 )
 SPEC = {s.name: s for s in SPECS}
+IMPLEMENTATIONS = {i.name: i for s in SPECS for i in s.implementations}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What runs: the path, the implementation of each pair pass (one for a whole-step
+    implementation) and the per-kernel operands to allocate at full size."""
+
+    path: str
+    implementations: tuple
+    operands: frozenset
+
+    @property
+    def implementation(self) -> str:
+        """The implementations' names, distinct, in pass order ("wide", "fast+plain")."""
+        return "+".join(dict.fromkeys(i.name for i in self.implementations))
+
+    @property
+    def steps(self) -> bool:
+        return any(i.steps for i in self.implementations)
+
+
+_FACTORIES: dict[str, Callable] = {}
+
+
+def register(name: str, factory: Callable) -> None:
+    """A kernel module's factory for implementation ``name`` (declared in SPECS)."""
+    if name not in IMPLEMENTATIONS:
+        raise ValueError(f"no implementation {name!r} is declared in paths.SPECS")
+    _FACTORIES[name] = factory
+
+
+def factory(name: str) -> Callable:
+    """The registered factory of implementation ``name``."""
+    if name not in _FACTORIES:
+        raise LookupError(f"implementation {name!r} has no factory: its kernel module was not imported")
+    return _FACTORIES[name]
+
+
+def plan(path: str, needs: Needs) -> Plan:
+    """The implementations of path ``path`` (which serves ``needs``) and their operands."""
+    spec = SPEC[path]
+    if spec.implementations[0].steps:  # whole steps: one implementation runs everything
+        chosen = spec.implementations[:1]
+    else:
+        passes = needs.passes or (PassNeeds(next(iter(sorted(needs.rules))), needs.positions, False,
+                                            needs.entropy_rate, needs.arch, needs.n),)
+        chosen = tuple(spec.implementation_for(p) for p in passes)
+    operands = frozenset().union(*(i.operands for i in chosen))
+    if needs.entropy_rate:
+        operands |= {"q", "k"}   # the entropy rate's pass reads them
+    return Plan(path, chosen, operands)
 
 
 def _fused_preferred(needs: Needs) -> bool:
@@ -114,9 +237,14 @@ def _fused_preferred(needs: Needs) -> bool:
                                       and pair_work(needs.n, needs.H, needs.r, needs.rv) <= FUSED_MAX_WORK)
 
 
-def choose(requested: str, needs: Needs) -> str:
-    """The path that runs: ``requested`` itself if it serves ``needs`` (else ValueError naming
-    what it lacks), or for 'auto' the fastest that serves."""
+def choose(requested: str, needs: Needs) -> Plan:
+    """The plan that runs: path ``requested`` itself if it serves ``needs`` (else ValueError
+    naming what it lacks), or for 'auto' the fastest that serves; with its implementations."""
+    return plan(choose_path(requested, needs), needs)
+
+
+def choose_path(requested: str, needs: Needs) -> str:
+    """The path's name alone (see ``choose``)."""
     if requested not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {requested!r}")
     if requested != "auto":

@@ -7,13 +7,14 @@ import numpy as np
 import taichi as ti
 
 from . import attention as attention_mod
-from . import backend, kernels, kernels_fused, kernels_gpu, kernels_wide, paths
+from . import backend, kernels, kernels_fused, kernels_gpu, kernels_wide, paths  # each registers its implementations
 from . import display
 from .attention import Attention
 from .clock import step_time
 from .drive import AT_END, Every, Rows, drive
 from .heads import Head
-from .kernels_wide import WIDE_MIN_N, WideHeads
+from .kernels_wide import WideHeads
+from .layout import Operands
 from .integrators import ExplicitRK, get_integrator
 from .observables import assemble_rows
 from .result import Result, progress_bar, token_keeper
@@ -95,12 +96,12 @@ class _Operations:
     Private to the engine, so that the public Simulation is not the integrator protocol.
     """
 
-    __slots__ = ("x", "xdot", "stage_x", "stage_acc", "evaluate", "after_first_stage", "axpy",
+    __slots__ = ("x", "slopes", "stage_x", "stage_acc", "evaluate", "after_first_stage", "axpy",
                  "accumulate", "retract")
 
     def __init__(self, sim: "Simulation"):
         kern = sim._kern
-        self.x, self.xdot, self.stage_x, self.stage_acc = sim._x, sim._xdot, sim._stage_x, sim._stage_acc
+        self.x, self.slopes, self.stage_x, self.stage_acc = sim._x, sim._slopes, sim._stage_x, sim._stage_acc
         self.evaluate, self.after_first_stage = sim._evaluate, sim._after_first_stage
         self.axpy, self.accumulate, self.retract = kern.axpy, kern.accumulate, kern.retract
 
@@ -215,26 +216,30 @@ class Simulation:
         self._x.from_numpy(x.astype(self._np_real))
         self._xdot, self._stage_x, self._stage_acc = arr(R, n, d), arr(R, n, d), arr(R, n, d)
         rules_used = {a.rule for att in self.layer_attention for a in att}
-        self.path = paths.choose(path, paths.Needs(
+        features = [_features(att) for att in self.layer_attention]
+        pass_needs = tuple(
+            paths.PassNeeds(paths.rule_kind(rule), positions=f.banded or f.biased or f.head_beta,
+                            mixed_rules=f.filtered, entropy_rate=self.entropy_rate_enabled,
+                            arch=self.arch, n=n)
+            for att, f in zip(self.layer_attention, features) for rule in dict.fromkeys(a.rule for a in att))
+        self.plan = paths.choose(path, paths.Needs(
             rules=frozenset(paths.rule_kind(u) for u in rules_used), positions=not self.plain and not self.scheduled,
             layers=self.scheduled, entropy_rate=self.entropy_rate_enabled, arch=self.arch,
-            n=n, d=d, H=H, r=r, rv=rv, dtype=dtype))
-        plain_kernels = self.path == "plain"
-        self._layers = [_LayerState(hs, att, geometry, dtype, d, r, rv, R, n, self.entropy_rate_enabled,
-                                    arr, self._np_real, plain_kernels) for hs, att in layers]
+            n=n, d=d, H=H, r=r, rv=rv, dtype=dtype, passes=pass_needs))
+        self.path = self.plan.path
+        implementations = iter(self.plan.implementations * (not self.plan.steps))
+        self._layers = [_LayerState(hs, att, f, geometry, dtype, d, r, rv, R, n, self.entropy_rate_enabled,
+                                    arr, self._np_real, implementations)
+                        for (hs, att), f in zip(layers, features)]
         self._kern = self._layers[0].passes[0][0]  # combine, reduce, integrator ops: rule-free
-        self.layer = -1
-        self._use_layer(0)
-        # The tiled fast path packs its own operands: it reads none of q, k, u, g, and writes
-        # q, k only for the entropy rate. Unused ones get a one-element stand-in of the same rank.
-        fast = all(isinstance(hp, (kernels.FastHeads, WideHeads))  # they pack their own operands
-                   for st in self._layers for _, hp, _ in st.passes)
-        tokens_qk = n if (not fast or self.entropy_rate_enabled) else 1
-        tokens_ug = 1 if fast else n
-        self._q, self._k = arr(R, H, tokens_qk, r), arr(R, H, tokens_qk, r)
-        self._u, self._g = arr(R, H, tokens_ug, rv), arr(R, H, tokens_ug, rv)
-        self._f = arr(R, H, n, d)
-        self._row = arr(R, H, n, 4)
+
+        # per-kernel arrays at full size only where the plan's implementations use them (the
+        # tiled and wide passes pack their own); others get a one-token stand-in of the same rank
+        def operand(name, *shape):
+            return arr(*shape) if name in self.plan.operands else arr(*shape[:2], 1, shape[3])
+        self._q, self._k = operand("q", R, H, n, r), operand("k", R, H, n, r)
+        self._u, self._g = operand("u", R, H, n, rv), operand("g", R, H, n, rv)
+        self._f, self._row = operand("f", R, H, n, d), operand("row", R, H, n, 4)
         self._tok = arr(R, n, kernels.n_tok_slots(H))
         if self.entropy_rate_enabled:
             self._qd, self._kd, self._ud = arr(R, H, n, r), arr(R, H, n, r), arr(R, H, n, rv)
@@ -244,8 +249,20 @@ class Simulation:
         self._sumx = arr(self._batch, R, d, 1, dt=red_dt)
         self._pending: list[tuple[int, int]] = []   # (step, slot) of rows not yet copied
         self._rows: list[dict] = []
-        self._fused = kernels_fused.FusedSteps(self.rule, geometry, dtype, d, H, r, rv, self.integrator,
-                                               R, n) if self.path == "fused" else None
+        for st in self._layers:
+            st.operands = Operands(x=self._x, xdot=self._xdot, beta=self._beta, Q=st.Q, K=st.K, W=st.W,
+                                   O=st.O, hreal=st.hreal, q=self._q, k=self._k, u=self._u, g=self._g,
+                                   f=self._f, row=self._row, tok=self._tok, red=self._red, sumx=self._sumx)
+        self.layer = -1
+        self._use_layer(0)
+        self._fused = None
+        if self.plan.steps:
+            self._fused = paths.factory(self.plan.implementations[0].name)(
+                self.rule, geometry, dtype, d, H, r, rv, self.integrator, R, n)
+        # the integrator's slope buffers (integrators.ExplicitRK.slope_slots), xdot the first;
+        # the fused kernel keeps its own
+        self._slopes = [self._xdot] + [arr(R, n, d) for _ in range(
+            0 if self._fused is not None else self.integrator.slope_buffers - 1)]
         self._ops = _Operations(self)
         self._warm_up()
 
@@ -253,8 +270,7 @@ class Simulation:
     def _evaluate(self, x, xdot, observe: bool) -> None:
         kern = self._kern
         for _, head_pass, hint in self._passes:  # one pass per distinct rule of the layer
-            head_pass(x, self._Q, self._K, self._W, self._O, self._q, self._k, self._u, self._beta,
-                      hint, self._hreal, self._g, self._f, self._row, observe)
+            head_pass(x, self._operands, hint, observe)
         kern.combine(x, self._f, xdot, self._row, self._tok, observe,
                      x.shape[0] * x.shape[1] >= kernels.COMBINE_PARALLEL_TOKENS)
 
@@ -267,6 +283,7 @@ class Simulation:
         self.heads, self.attention = st.heads, st.attention
         self._Q, self._K, self._W, self._O = st.Q, st.K, st.W, st.O
         self._hreal, self._passes = st.hreal, st.passes
+        self._operands = st.operands
         self._heads = st.passes[0][1]
 
     def _after_first_stage(self, observe: bool) -> None:
@@ -292,6 +309,12 @@ class Simulation:
     @property
     def time(self) -> float:
         return step_time(self.step_count, self.dt)
+
+    @property
+    def implementation(self) -> str:
+        """The code that runs (``paths.Plan``): 'fused', or the pair passes' implementations
+        ('wide', 'fast', 'gpu', 'plain'; joined by '+' where layers or rules differ)."""
+        return self.plan.implementation
 
     @property
     def tuning(self) -> str:
@@ -372,7 +395,7 @@ class Simulation:
         """xdot at the current state, float64 NumPy of the tokens' shape."""
         self._use_layer(self.schedule.layer_at(self.step_count))
         if self._fused is not None:
-            self._fused(self, 0, 0, False, 0)
+            self._fused(self._operands, self.dt, self.step_count, 0, 0, False, 0)
         else:
             self._evaluate(self._x, self._xdot, False)
         v = self._xdot.to_numpy().astype(np.float64)
@@ -407,7 +430,7 @@ class Simulation:
         """Record the observables of the current state without stepping."""
         self._use_layer(self.schedule.layer_at(self.step_count))
         if self._fused is not None:
-            self._fused(self, 0, 0, True, len(self._pending))
+            self._fused(self._operands, self.dt, self.step_count, 0, 0, True, len(self._pending))
             self._logged_fused(self.step_count, 1, 1)
             return
         self._evaluate(self._x, self._xdot, True)
@@ -497,7 +520,7 @@ class Simulation:
                 free = self._batch - len(self._pending)
                 first = -self.step_count % every  # steps before the next logged one
                 chunk = min(chunk, first + (free - 1) * every + 1)
-            self._fused(self, chunk, every, False, len(self._pending))
+            self._fused(self._operands, self.dt, self.step_count, chunk, every, False, len(self._pending))
             self._logged_fused(self.step_count, chunk, every)
             self.step_count += chunk
             steps -= chunk
@@ -513,7 +536,7 @@ class Simulation:
         """Compile every kernel now, so JIT time never lands inside a timed step."""
         kern = self._kern
         if self._fused is not None:
-            self._fused(self, 0, 0, True, 0)
+            self._fused(self._operands, self.dt, self.step_count, 0, 0, True, 0)
             kern.finite_check(self._x)
             ti.sync()
             return
@@ -541,34 +564,14 @@ def _features(attention) -> kernels.Features:
                             filtered=len({a.rule for a in attention}) > 1)
 
 
-def _head_pass(kern, n_replicas: int, n: int, keep_qk: bool, plain: bool):
-    """The layout of the head outputs f (and row statistics) for R replicas of n tokens, as
-    one call ``(x, Q, K, W, O, q, k, u, beta, hint, hreal, g, f, row, observe)``: for
-    exponential rules on the CPU the tiled ``FastHeads`` (it keeps q, k only if keep_qk;
-    from ``kernels_wide.WIDE_MIN_N`` tokens the wide pass), keys tiled through shared memory
-    on a GPU, else (and with ``plain``) the plain kernels project, pair, head_out."""
-    if plain:
-        return kernels.PlainHeads(kern)
-    cpu = not backend.is_gpu()
-    if kern.exponential and cpu and not kern.features.any:
-        if n >= WIDE_MIN_N and not keep_qk:
-            return WideHeads(kern.spec, n_replicas, n, kernels_wide.tuned(kern.spec, n))
-        return kernels.FastHeads(kern.spec, n_replicas, n, keep_qk)
-    if kern.exponential and cpu and not kern.features.filtered:
-        # masks, ALiBi and per-head betas: the tiled pass walks only the key blocks a row
-        # tile can see; heads with different rules take the plain kernels
-        return kernels.FastHeads(kern.spec, n_replicas, n, keep_qk, features=kern.features)
-    if backend.is_gpu():
-        return kernels_gpu.TiledHeads(kern, *kern.gpu_spec)
-    return kernels.PlainHeads(kern)
-
-
 class _LayerState:
     """One layer's device side: its factors, per-head parameters and pair passes (one per
     distinct rule, each serving its own heads)."""
 
-    def __init__(self, heads, attention, geometry, dtype, d, r, rv, R, n, keep_qk, arr, np_real,
-                 plain_kernels):
+    def __init__(self, heads, attention, features, geometry, dtype, d, r, rv, R, n, keep_qk, arr,
+                 np_real, implementations):
+        """implementations: an iterator over the plan's pass implementations (one per distinct
+        rule, taken in order; empty for a whole-step implementation, which needs no pass)."""
         self.heads, self.attention = heads, attention
         H = len(heads)
         Q, K, W, O = _pack(heads, d, r, rv)
@@ -577,7 +580,6 @@ class _LayerState:
             dev.from_numpy(host.astype(np_real))
         self.hreal = arr(H, 2)
         self.hreal.from_numpy(np.array([[a.alibi, a.beta or 0.0] for a in attention], dtype=np_real))
-        features = _features(attention)
         bands = [a.band for a in attention]
         self.passes = []
         for rule in dict.fromkeys(a.rule for a in attention):  # distinct, in head order
@@ -585,4 +587,7 @@ class _LayerState:
             hint = ti.ndarray(ti.i32, shape=(H, 3))
             hint.from_numpy(np.array([[lo, hi, int(a.rule == rule)] for (lo, hi), a in
                                       zip(bands, attention)], dtype=np.int32))
-            self.passes.append((kern, _head_pass(kern, R, n, keep_qk, plain_kernels), hint))
+            implementation = next(implementations, None)
+            head_pass = None if implementation is None else \
+                paths.factory(implementation.name)(kern, R, n, keep_qk)
+            self.passes.append((kern, head_pass, hint))

@@ -80,14 +80,65 @@ def test_auto_path_choice_and_errors():
         return paths.Needs(rules=frozenset({"exponential"}), positions=False, layers=False,
                            entropy_rate=False, arch="cpu", n=n, d=d, H=H, r=r, rv=r, dtype="float32")
     assert paths.pair_work(1024, 1, 3, 3) <= paths.FUSED_MAX_WORK
-    assert paths.choose("auto", needs(1024, 1, 3)) == "fused"
+    assert paths.choose("auto", needs(1024, 1, 3)).path == "fused"
     assert paths.pair_work(4096, 4, 16, 16) > paths.FUSED_MAX_WORK
-    assert paths.choose("auto", needs(4096, 4, 16)) == "tiled"
-    assert paths.choose("auto", needs(64, 1, 3, d=paths.FUSED_MAX_D + 1)) == "tiled"
+    assert paths.choose("auto", needs(4096, 4, 16)).path == "tiled"
+    assert paths.choose("auto", needs(64, 1, 3, d=paths.FUSED_MAX_D + 1)).path == "tiled"
     with pytest.raises(ValueError, match="path must be one of"):
         particles.Simulation(x, heads, path="fast")
     with pytest.raises(ValueError, match="which uses the entropy rate"):
         particles.Simulation(x, heads, rule="softmax", entropy_rate=True, path="fused")
+
+
+def test_a_fused_simulation_builds_measures_and_caches_no_pass_it_does_not_run(monkeypatch, tmp_path):
+    """Tuning on (conftest turns it off), an empty cache: 600 tokens take the fused path, whose
+    kernel is the only code built; the wide pass (which n >= WIDE_MIN_N takes on the tiled
+    path) is neither built nor timed, so no tuning entry is written."""
+    from particles import tuning
+    cache = tmp_path / "tuning.json"
+    monkeypatch.setenv(tuning.ENV, "measure")
+    monkeypatch.setenv(tuning.CACHE_ENV, str(cache))
+    n = paths.WIDE_MIN_N + 88
+    sim = particles.Simulation(random_tokens(n, 3), general_heads(1, 3), rule="softmax", integrator="euler")
+    assert (sim.path, sim.implementation) == ("fused", "fused")
+    assert sim.tuning == "-" and not cache.exists()
+    assert all(head_pass is None for st in sim._layers for _, head_pass, _ in st.passes)
+
+
+def test_a_tiled_simulation_of_the_same_size_asks_for_its_wide_tiles(monkeypatch):
+    """The other side of the test above: on the tiled path the wide pass runs, and asks
+    ``tuning`` for its tiles (here a stand-in that records the call)."""
+    from particles import tuning
+    asked = []
+
+    def wide_tiles(dtype, key, prepare):
+        asked.append(key)
+        return tuning.Choice(tuning.WIDE_CANDIDATES[dtype][0], "recorded")
+    monkeypatch.setattr(tuning, "wide_tiles", wide_tiles)
+    n = paths.WIDE_MIN_N + 88
+    fused = particles.Simulation(random_tokens(n, 3), general_heads(1, 3), rule="softmax", integrator="euler")
+    assert fused.implementation == "fused" and asked == []
+    tiled = particles.Simulation(random_tokens(n, 3), general_heads(1, 3), rule="softmax",
+                                 integrator="euler", path="tiled")
+    assert tiled.implementation == "wide" and len(asked) == 1 and tiled.tuning.endswith("(recorded)")
+
+
+def test_the_plan_names_the_code_that_runs():
+    """sim.path and sim.implementation: the rule, masks, mixed rules, n and the path decide the
+    implementation of every pass, and only the operands it reads are allocated at full size."""
+    from particles import Attention
+    x, heads = random_tokens(20, 3), general_heads(2, 3)
+    cases = [(dict(), "fused", "fused"), (dict(path="tiled"), "tiled", "fast"),
+             (dict(path="plain"), "plain", "plain"), (dict(rule="relu", path="tiled"), "tiled", "plain"),
+             (dict(path="tiled", attention=[Attention(mask="causal"), Attention()]), "tiled", "fast"),
+             (dict(attention=[Attention(rule="relu"), Attention()]), "tiled", "plain")]
+    for kwargs, path, implementation in cases:
+        sim = particles.Simulation(x, heads, rule=kwargs.pop("rule", "softmax"), **kwargs)
+        assert (sim.path, sim.implementation) == (path, implementation), kwargs
+        full = sim.plan.operands
+        for name in paths.OPERANDS:
+            tokens = getattr(sim, f"_{name}").shape[2]
+            assert tokens == (20 if name in full else 1), (kwargs, name)
 
 
 def test_vector_exp_matches_numpy_over_the_clamped_range():
