@@ -23,6 +23,7 @@ FIRST_TOKEN_LABEL = "token 0, seen by every token (causal mask)"
 ROTATION_DEG_PER_S = 12.0         # camera turn rate with rotate=True (a turn in 30 s)
 FOLLOW_RATE = 0.12                # without rotate: the share of the way to the tokens' centre turned per frame
 FOLLOW_MIN_MEAN = 0.2             # |mean token| below this: no one side to face, the camera holds
+FOLLOW_TILT = 30.0                # degrees above the tokens' centre: a cluster in front, its antipode not hidden behind it
 TOKEN_LABELS_MAX = 48             # more tokens' strings than this overlap into an unreadable blot
 TOKEN_LABEL_CHARS = 12
 
@@ -450,7 +451,8 @@ class Ball3DView:
         r = float(np.linalg.norm(m))
         if r < FOLLOW_MIN_MEAN:
             return 0.0, 0.0
-        elev = float(np.clip(np.degrees(np.arcsin(np.clip(m[2] / r, -1.0, 1.0))), -70.0, 70.0))
+        elev = np.degrees(np.arcsin(np.clip(m[2] / r, -1.0, 1.0))) + FOLLOW_TILT
+        elev = float(np.clip(elev, -75.0, 75.0))
         azim = float(np.degrees(np.arctan2(m[1], m[0])))
         return (azim - self.camera.azim + 180.0) % 360.0 - 180.0, elev - self.camera.elev
 
