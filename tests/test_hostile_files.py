@@ -117,3 +117,13 @@ def test_the_resume_reader_of_run_json_does_not_wait_on_a_fifo(tmp_path, kind):
     from particles.app.run_dir import read_run_json
     plant(tmp_path / "run.json", kind)
     assert within(10, read_run_json, tmp_path) == {}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_checkpoint_that_is_not_a_file_is_unusable_not_waited_on(tmp_path, kind):
+    """checkpoint.npz as a FIFO hung `particles resume` past SIGTERM; it is an unusable
+    checkpoint, named."""
+    from particles.app import checkpoint
+    plant(tmp_path / "checkpoint.npz", kind)
+    with pytest.raises(output.RunFileError, match="cannot be read.*not a regular file"):
+        within(10, checkpoint._read, tmp_path / "checkpoint.npz")

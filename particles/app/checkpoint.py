@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from particles.drive import AT_END, Every, Writer
-from particles.output import RunFileError, atomic_write_bytes, check_log_prefix, count_frames
+from particles.output import (RunFileError, atomic_write_bytes, check_log_prefix, count_frames,
+                              open_run_file)
 
 from .run_dir import read_run_json
 
@@ -201,8 +202,8 @@ def _set_aside(path: Path) -> None:
 def _read(path: Path) -> tuple[np.ndarray, dict]:
     if path.is_symlink():   # a planted link is an unusable checkpoint: fall back, never follow it
         raise RunFileError(f"{str(path)!r} is a symbolic link, not a checkpoint file")
-    try:
-        with np.load(path, allow_pickle=False) as data:
+    try:   # open_run_file: a FIFO or device is refused, not waited on (resume hung)
+        with open_run_file(path) as fh, np.load(fh, allow_pickle=False) as data:
             tokens, state = data["tokens"], json.loads(str(data["state"]))
     except Exception as err:  # noqa: BLE001 - truncated zips, bad headers, bad JSON alike
         raise RunFileError(f"it cannot be read ({type(err).__name__}: {err})") from None
