@@ -1,13 +1,6 @@
 """Taichi kernels, specialised per (rule, geometry, dtype, head shapes) by a cached factory.
 
-Layout (b = replica, h = head, i/j = token, c = component):
-    x      (R, n, d)        tokens
-    q, k   (R, H, n, r)     score factors  q_i = Q_h x_i,  k_j = K_h x_j   (s_ij = <q_i, k_j>)
-    u      (R, H, n, rv)    value inputs   u_j = W_h x_j
-    g      (R, H, n, rv)    normalised pulls g_i = sum_j w_ij u_j  (f_i = O_h g_i)
-    f      (R, H, n, d)     head outputs f^h_i
-    row    (R, H, n, 4)     per-row statistics of the pair pass: running max m_i of z, weight
-                            sum l_i, entropy H_i, row energy (log-sum for exponential rules)
+The arrays' layout (x, q, k, u, g, f, row, tok) is described once in ``particles.layout``.
 Every thread owns one row i and writes only it (gather, no atomics), and no n x n
 matrix is ever stored: softmax is normalised with a running maximum.
 
@@ -21,26 +14,13 @@ from dataclasses import dataclass
 
 import taichi as ti
 
-from . import backend, kernels_gpu, paths
+from . import backend, kernel_math, kernels_gpu, paths
+# the per-token observable slots and reductions have one home, Taichi-free: particles.layout
+from .layout import (RED_LSE, RED_MAX, RED_MIN, RED_SUM, SLOT_CROSS, SLOT_ENTROPY,  # noqa: F401
+                     SLOT_ENTROPY_RATE, SLOT_KINETIC, SLOT_RADIAL, SLOT_RADIAL_ABS_PAIR,
+                     SLOT_RADIAL_PAIR, SLOT_ROW_ENERGY, SLOT_TANGENT, SLOTS_PER_HEAD, n_tok_slots,
+                     tok_slot)
 from .rules import Rule
-
-# Per-token observable slots (last axis of the `tok` buffer), per head h:
-SLOT_TANGENT, SLOT_CROSS, SLOT_RADIAL_PAIR, SLOT_RADIAL_ABS_PAIR, SLOT_RADIAL, SLOT_ENTROPY, \
-    SLOT_ROW_ENERGY, SLOT_ENTROPY_RATE = range(8)
-SLOTS_PER_HEAD = 8
-SLOT_KINETIC = 0  # then head h's slot s lives at 1 + h * SLOTS_PER_HEAD + s
-
-
-def tok_slot(h: int, s: int) -> int:
-    return 1 + h * SLOTS_PER_HEAD + s
-
-
-def n_tok_slots(n_heads: int) -> int:
-    return 1 + n_heads * SLOTS_PER_HEAD
-
-
-# Reduction outputs per slot: sum, min, max, log-sum-exp.
-RED_SUM, RED_MIN, RED_MAX, RED_LSE = range(4)
 
 
 @dataclass(frozen=True)
@@ -77,15 +57,13 @@ class KernelSet:
         real = ti.f32 if dtype == "float32" else ti.f64
         banded, biased, head_beta, filtered = (features.banded, features.biased, features.head_beta,
                                                features.filtered)
-        positional = rule.positional
         sphere = geometry == "sphere"
         serial = not backend.is_gpu()  # on a GPU a serialized loop runs on a single thread
         exponential = rule.exponential
         softmax_norm = rule.normalization == "softmax"
         has_potential = rule.has_potential
-        kernel_fn = None if exponential else ti.func(rule.kernel)
-        potential_fn = ti.func(rule.potential) if (rule.potential is not None and not exponential) else None
-        with_potential = potential_fn is not None
+        with_potential = rule.potential is not None and not exponential
+        weight_fn, potential_fn = (None, None) if exponential else kernel_math.rule_lift(rule, real)
         NEG_BIG = -3.0e38 if dtype == "float32" else -1.0e300
         n_slots = n_tok_slots(H)
         arr2 = ti.types.ndarray(dtype=real, ndim=2)
@@ -154,8 +132,7 @@ class KernelSet:
                         if z > m:
                             scale = ti.exp(m - z)
                             if ti.static(observe):
-                                # sum e^{z-m}(z-m) re-based on the new maximum
-                                ent = scale * (ent + (m - z) * wsum)
+                                ent = kernel_math.rebased_entropy_sum(ent, wsum, m - z, scale)
                             wsum *= scale
                             acc *= scale
                             m = z
@@ -163,15 +140,12 @@ class KernelSet:
                         if ti.static(observe):
                             ent += w * (z - m)
                     else:
-                        if ti.static(positional):
-                            w = c(kernel_fn(z, i, j, n))
-                        else:
-                            w = c(kernel_fn(z))
+                        w = weight_fn(z, i, j, n)
                         if ti.static(observe):
                             if w > 0:
                                 ent += w * ti.log(w)
                             if ti.static(with_potential):
-                                pot += c(potential_fn(z))
+                                pot += potential_fn(z)
                     wsum += w
                     for a in ti.static(range(rv)):
                         acc[a] += w * u[b, h, j, a]
@@ -194,7 +168,7 @@ class KernelSet:
                     row[b, h, i, 1] = wsum
                     entropy = c(0)
                     if wsum > 0:
-                        entropy = ti.log(wsum) - ent / wsum
+                        entropy = kernel_math.row_entropy(ti.log(wsum), ent, wsum)
                     row[b, h, i, 2] = entropy
                     if ti.static(exponential):
                         # log of the row's energy sum: sum_j e^{z} = e^m * wsum
@@ -307,23 +281,7 @@ class KernelSet:
             n = tok.shape[1]
             ti.loop_config(serialize=True)  # O(n) per slot: cheaper than a parallel dispatch
             for b, s in ti.ndrange(tok.shape[0], n_slots):
-                total = ti.cast(0, ti.f64)
-                lo = ti.cast(tok[b, 0, s], ti.f64)
-                hi = lo
-                for i in range(n):
-                    val = ti.cast(tok[b, i, s], ti.f64)
-                    total += val
-                    lo = ti.min(lo, val)
-                    hi = ti.max(hi, val)
-                lse = ti.cast(0, ti.f64)
-                if s >= 1 and (s - 1) % SLOTS_PER_HEAD == SLOT_ROW_ENERGY:
-                    # the log-sum-exp is read for the row energies only: skip n exps elsewhere
-                    for i in range(n):
-                        lse += ti.exp(ti.cast(tok[b, i, s], ti.f64) - hi)
-                out[slot, b, s, 0] = total
-                out[slot, b, s, 1] = lo
-                out[slot, b, s, 2] = hi
-                out[slot, b, s, 3] = hi + ti.log(lse)
+                kernel_math.reduce_slot(tok, b, s, n, out, slot)
             ti.loop_config(serialize=True)
             for b in range(x.shape[0]):
                 # sum of the normalised tokens (they are unit already on the sphere)
@@ -613,27 +571,7 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
     def unkey(kk):
         return ti.bit_cast(kk ^ ((kk >> shift) & ibits(sign_off)), real)
 
-    @ti.func
-    def exp_le0(x):
-        """e^x for x <= 0. float32: x = n ln2 + y (one constant: the fused multiply-add
-        does not round n ln2), e^y by a degree-5 polynomial fitted for relative error, 2^n
-        by the exponent bits: within 2.2e-7 relative for x > -20 (4e-7 down to -87), below
-        the rounding of x itself, and vectorisable (ti.exp is a libm call). x is clamped to
-        -87, where e^x is 2^-126, a weight negligible against the row maximum's weight 1."""
-        result = c(0)
-        if ti.static(f32):
-            xc = ti.select(x > c(-87.0), x, c(-87.0))  # one maxps (ti.max also tests NaN)
-            nf = ti.floor(xc * c(1.4426950408889634) + c(0.5))
-            y = xc - nf * c(0.6931471805599453)  # fused: the product is not rounded
-            p = c(8.3337789401e-3)   # 1 + y + y^2 p(y): degree 5, fitted for relative error
-            p = p * y + c(4.1898537427e-2)
-            p = p * y + c(1.6666887701e-1)
-            p = p * y + c(4.9999141693e-1)
-            p = p * y * y + y + c(1.0)
-            result = p * ti.bit_cast((ti.cast(nf, ti.i32) + 127) << 23, real)
-        else:
-            result = ti.exp(x)
-        return result
+    exp_le0 = kernel_math.exp_le0(real)  # e^x, x <= 0
 
     @ti.kernel
     def prep(Q: arr3, K: arr3, W: arr3, O: arr3, qc: vecT, kc: vecT, wt: w_arr, ot: vecL,
@@ -832,7 +770,7 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
                     if mb > m[t]:
                         # a new row maximum: re-base the sums on it
                         scale = ti.exp(m[t] - mb)
-                        ent[t] = scale * (ent[t] + (m[t] - mb) * wsum[t])
+                        ent[t] = kernel_math.rebased_entropy_sum(ent[t], wsum[t], m[t] - mb, scale)
                         wsum[t] *= scale
                         for a in range(rva):
                             acc[t, a] *= scale
@@ -897,7 +835,7 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
                         norm[t] = ti.exp(m[t]) / count
                     row[b, h, i, 0] = m[t]
                     row[b, h, i, 1] = wsum[t]
-                    row[b, h, i, 2] = ti.log(wsum[t]) - ent[t] / wsum[t]
+                    row[b, h, i, 2] = kernel_math.row_entropy(ti.log(wsum[t]), ent[t], wsum[t])
                     row[b, h, i, 3] = m[t] + ti.log(wsum[t])
             for a in range(rv):
                 gv = ti.Vector.zero(real, TP)

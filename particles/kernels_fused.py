@@ -21,7 +21,7 @@ CPU (AVX-512 here). So the full width comes only from explicit Taichi vectors co
 unscalarised: the state lives transposed, ``L`` tokens per vector (16 float32 / 8 float64
 = 512 bits), and every loop over tokens is a loop over such vectors. Taichi cannot cast,
 bit-cast or call exp on those vectors, so the float32 exp is a polynomial of e^(z / 32)
-squared five times (``exp_clamped``).
+squared five times (``kernel_math.vector_helpers``).
 
 Layout (e < d, a < rank, jl < nbl groups of L tokens, TR row vectors per register tile):
     xt, st, at  (R, d, nbl)          state, stage state, the weighted sum of slopes (transposed)
@@ -38,7 +38,6 @@ Layout (e < d, a < rank, jl < nbl groups of L tokens, TR row vectors per registe
 """
 
 import functools
-import math
 import os
 
 import numpy as np
@@ -46,8 +45,10 @@ import numpy as np
 import taichi as ti
 from taichi.lang import impl
 
-from . import kernels, paths
-from .kernels import SLOTS_PER_HEAD, n_tok_slots
+from . import kernel_math, kernels, paths
+from .kernel_math import CLAMP, lane_columns, vector_helpers
+from .layout import SLOT_CROSS, SLOT_ENTROPY, SLOT_RADIAL, SLOT_RADIAL_ABS_PAIR, SLOT_RADIAL_PAIR, \
+    SLOT_ROW_ENERGY, SLOT_TANGENT, SLOTS_PER_HEAD, n_tok_slots
 from .paths import pair_work
 
 JB = 6         # columns per score tile of the pair pass (with TR = 3: 18 accumulators, as kernels_wide)
@@ -55,9 +56,6 @@ PARALLEL_MIN_WORK = 1.5e6  # the replicas' pair work per evaluation from which t
 MAX_SHARED_STEPS = 256  # steps per launch shared by threads (their phase counters are zeroed per launch)
 SHARED_LAUNCH_WORK = 1.5e9  # pair work per shared launch: ~10 ms on 2 cores (launch cost ~0.2 ms)
 SPIN_LIMIT = 50_000     # ~0.5 ms spinning at a barrier, then the worker leaves the launch (barrier)
-CLAMP = -30.0  # float32 weights below e^-30 relative to the row maximum are rounded up to it
-EXP_SQUARINGS = 5  # the float32 exp squares e^(z / 32): |z / 32| <= 0.94 for z >= CLAMP
-EXP_DEGREE = 7     # Taylor degree of e^y there: truncation below the squarings' rounding for z >= -10
 
 
 def available_threads() -> int:
@@ -151,66 +149,6 @@ class FusedSteps:
         self._compiled = True
 
 
-def lane_columns(real, L: int):
-    """A ti.func (F, h, e, cc, rank) -> the L-lane vector F[h, cc L + k, e] over k (zero past
-    rank): column e of a head's factor with its rank in lanes (shared with kernels_wide)."""
-    vec = ti.types.vector(L, real)
-
-    @ti.func
-    def column(F: ti.template(), h, e, cc, rank):
-        v = vec([ti.cast(0, real)] * L)
-        for k in ti.static(range(L)):
-            if cc * L + k < rank:
-                v[k] = F[h, cc * L + k, e]
-        return v
-
-    return column
-
-
-def vector_helpers(real, L: int):
-    """(c, splat, vabs, exp_clamped) for L-lane Taichi vectors compiled unscalarised (shared
-    with kernels_wide)."""
-    f32 = real == ti.f32
-    vec = ti.types.vector(L, real)
-    taylor = [1.0 / math.factorial(k) for k in range(EXP_DEGREE + 1)]
-
-    @ti.func
-    def c(value):
-        return ti.cast(value, real)
-
-    @ti.func
-    def splat(value):
-        return vec([c(value)] * L)
-
-    @ti.func
-    def vabs(v):
-        return ti.max(v, v * c(-1))  # Taichi vectors have no abs (nor negation) unscalarised
-
-    @ti.func
-    def exp_clamped(zc):
-        """e^zc for CLAMP <= zc <= 0, lane-wise. float32: e^zc = (e^(zc / 2^S))^(2^S), the inner
-        exp by its Taylor polynomial of degree EXP_DEGREE on [-30 / 2^S, 0] (exact at 0), then S
-        squarings: 20 vector operations, against ~48 for a Cody-Waite reduction whose 2^n has to
-        be built by selects (Taichi vectors have no bit casts). The squarings double the
-        rounding error five times: absolute error <= 1.4e-6, relative <= 3.4e-6 for zc >= -10
-        (weights that count), within the float32 tolerance of a step (1e-5). float64: libm per lane."""
-        result = zc
-        if ti.static(f32):
-            y = zc * c(1.0 / 2 ** EXP_SQUARINGS)
-            p = splat(taylor[EXP_DEGREE])
-            for k in ti.static(range(EXP_DEGREE - 1, -1, -1)):
-                p = p * y + c(taylor[k])
-            for _ in ti.static(range(EXP_SQUARINGS)):
-                p = p * p
-            result = p
-        else:
-            for k in range(L):
-                result[k] = ti.exp(zc[k])
-        return result
-
-    return c, splat, vabs, exp_clamped
-
-
 @functools.lru_cache(maxsize=None)
 def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: int,
                   integrator, L: int, TR: int, AC: int):
@@ -225,9 +163,8 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
     CHAIN = integrator.slope_buffers == 1  # stage s reads only the slope of stage s - 1
     exponential = rule.exponential
     softmax_norm = rule.normalization == "softmax"
-    kernel_fn = None if exponential else ti.func(rule.kernel)
-    potential_fn = ti.func(rule.potential) if (rule.potential is not None and not exponential) else None
-    with_potential = potential_fn is not None
+    with_potential = rule.potential is not None and not exponential
+    weight_fn, potential_fn = (None, None) if exponential else kernel_math.rule_lift(rule, real)
     NEG_BIG = -3.0e38 if f32 else -1.0e300
     RVP = -(-rv // AC) * AC
     n_slots = n_tok_slots(H)
@@ -320,7 +257,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                     z = zs[worker, t, j]
                     w = splat(0)
                     for k in range(L):
-                        w[k] = c(kernel_fn(z[k]))
+                        w[k] = weight_fn(z[k], 0, 0, n)
                     zs[worker, t, j] = w
                     wsum[t] += w
                     if observe:
@@ -328,7 +265,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                             if w[k] > 0:
                                 ent[t][k] += w[k] * ti.log(w[k])
                             if ti.static(with_potential):
-                                pot[t][k] += c(potential_fn(z[k]))
+                                pot[t][k] += potential_fn(z[k])
         norm = [splat(0) for _ in ti.static(range(TR))]
         for t in ti.static(range(TR)):
             for k in range(L):
@@ -358,7 +295,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                 for k in range(L):
                     if wsum[t][k] > 0:
                         lw = ti.log(wsum[t][k])
-                        entropy[k] = lw - ent[t][k] / wsum[t][k]
+                        entropy[k] = kernel_math.row_entropy(lw, ent[t][k], wsum[t][k])
                         if ti.static(exponential):
                             energy[k] = m[t][k] + lw
                 rowv[b, h, 0, il0 + t] = entropy
@@ -441,35 +378,20 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                 rp = ah * (v_radial - ah)
                 rap = vabs(ah) * (abs_sum - vabs(ah))
             base = 1 + h * SLOTS_PER_HEAD
-            lanes_to_tok(b, jl, base + kernels.SLOT_TANGENT, tangent, tok, n)
-            lanes_to_tok(b, jl, base + kernels.SLOT_CROSS, cross, tok, n)
-            lanes_to_tok(b, jl, base + kernels.SLOT_RADIAL_PAIR, rp, tok, n)
-            lanes_to_tok(b, jl, base + kernels.SLOT_RADIAL_ABS_PAIR, rap, tok, n)
-            lanes_to_tok(b, jl, base + kernels.SLOT_RADIAL, ah, tok, n)
-            lanes_to_tok(b, jl, base + kernels.SLOT_ENTROPY, rowv[b, h, 0, jl], tok, n)
-            lanes_to_tok(b, jl, base + kernels.SLOT_ROW_ENERGY, rowv[b, h, 1, jl], tok, n)
+            lanes_to_tok(b, jl, base + SLOT_TANGENT, tangent, tok, n)
+            lanes_to_tok(b, jl, base + SLOT_CROSS, cross, tok, n)
+            lanes_to_tok(b, jl, base + SLOT_RADIAL_PAIR, rp, tok, n)
+            lanes_to_tok(b, jl, base + SLOT_RADIAL_ABS_PAIR, rap, tok, n)
+            lanes_to_tok(b, jl, base + SLOT_RADIAL, ah, tok, n)
+            lanes_to_tok(b, jl, base + SLOT_ENTROPY, rowv[b, h, 0, jl], tok, n)
+            lanes_to_tok(b, jl, base + SLOT_ROW_ENERGY, rowv[b, h, 1, jl], tok, n)
 
     @ti.func
     def reduce_into(b, slot, tok: ti.template(), y: ti.template(), red: ti.template(),
                     sumx: ti.template(), n):
-        """As ``kernels.reduce`` for replica b: float64 sums over tokens in a fixed order."""
+        """The column reductions of replica b (``kernel_math.reduce_slot``), and sum x_i / |x_i|."""
         for s in range(n_slots):
-            total = ti.cast(0, ti.f64)
-            lo = ti.cast(tok[b, 0, s], ti.f64)
-            hi = lo
-            for i in range(n):
-                val = ti.cast(tok[b, i, s], ti.f64)
-                total += val
-                lo = ti.min(lo, val)
-                hi = ti.max(hi, val)
-            lse = ti.cast(0, ti.f64)
-            if s >= 1 and (s - 1) % SLOTS_PER_HEAD == kernels.SLOT_ROW_ENERGY:
-                for i in range(n):
-                    lse += ti.exp(ti.cast(tok[b, i, s], ti.f64) - hi)
-            red[slot, b, s, 0] = total
-            red[slot, b, s, 1] = lo
-            red[slot, b, s, 2] = hi
-            red[slot, b, s, 3] = hi + ti.log(lse)
+            kernel_math.reduce_slot(tok, b, s, n, red, slot)
         total = ti.Vector.zero(ti.f64, d)  # each token's norm once (per component was O(n d^2))
         for i in range(n):
             il, k = i // L, i % L

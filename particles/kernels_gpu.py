@@ -16,7 +16,7 @@ import functools
 
 import taichi as ti
 
-from . import backend, paths
+from . import backend, kernel_math, paths
 
 CHUNK = 256  # tokens per partial sum
 
@@ -163,12 +163,10 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
     real = ti.f32 if dtype == "float32" else ti.f64
     banded, biased, head_beta, filtered = (features.banded, features.biased, features.head_beta,
                                            features.filtered)
-    positional = rule.positional
     exponential = rule.exponential
     softmax_norm = rule.normalization == "softmax"
-    kernel_fn = None if exponential else ti.func(rule.kernel)
-    potential_fn = ti.func(rule.potential) if (rule.potential is not None and not exponential) else None
-    with_potential = potential_fn is not None
+    with_potential = rule.potential is not None and not exponential
+    weight_fn, potential_fn = (None, None) if exponential else kernel_math.rule_lift(rule, real)
     NEG_BIG = -3.0e38 if dtype == "float32" else -1.0e300
     T = THREADS
     RT = rows_per_thread(r, rv)
@@ -273,7 +271,7 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
                                 if z > m[s]:
                                     scale = ti.exp(m[s] - z)
                                     if ti.static(observe):
-                                        ent[s] = scale * (ent[s] + (m[s] - z) * wsum[s])
+                                        ent[s] = kernel_math.rebased_entropy_sum(ent[s], wsum[s], m[s] - z, scale)
                                     wsum[s] *= scale
                                     for a in ti.static(range(rv)):
                                         acc[s, a] *= scale
@@ -282,15 +280,12 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
                                 if ti.static(observe):
                                     ent[s] += w * (z - m[s])
                             else:
-                                if ti.static(positional):
-                                    w = c(kernel_fn(z, i_s, j, n))
-                                else:
-                                    w = c(kernel_fn(z))
+                                w = weight_fn(z, i_s, j, n)
                                 if ti.static(observe):
                                     if w > 0:
                                         ent[s] += w * ti.log(w)
                                     if ti.static(with_potential):
-                                        pot[s] += c(potential_fn(z))
+                                        pot[s] += potential_fn(z)
                             wsum[s] += w
                             for a in ti.static(range(rv)):
                                 if ti.static(RT > 1):
@@ -320,7 +315,7 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
                         row[b, h, i, 1] = wsum[s]
                         entropy = c(0)
                         if wsum[s] > 0:
-                            entropy = ti.log(wsum[s]) - ent[s] / wsum[s]
+                            entropy = kernel_math.row_entropy(ti.log(wsum[s]), ent[s], wsum[s])
                         row[b, h, i, 2] = entropy
                         if ti.static(exponential):
                             row[b, h, i, 3] = m[s] + ti.log(wsum[s])

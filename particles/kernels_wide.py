@@ -25,8 +25,8 @@ import os
 import numpy as np
 import taichi as ti
 
-from . import kernels, paths, tuning
-from .kernels_fused import CLAMP, lane_columns, vector_helpers
+from . import kernel_math, kernels, paths, tuning
+from .kernel_math import CLAMP, lane_columns, vector_helpers
 from .layout import Operands
 from .paths import WIDE_MIN_N  # noqa: F401  (from this many tokens the wide pass serves)
 AC = 8             # value components per accumulator tile
@@ -255,7 +255,7 @@ def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: 
                         mn = ti.max(m[t], top[t])
                         shift = clamp(m[t] - mn)
                         scale = exp_clamped(shift)
-                        ent[t] = scale * (ent[t] + shift * wsum[t])
+                        ent[t] = kernel_math.rebased_entropy_sum(ent[t], wsum[t], shift, scale)
                         wsum[t] = wsum[t] * scale
                         for a in range(rvp):
                             acc[s, t, a] = acc[s, t, a] * scale
@@ -301,7 +301,7 @@ def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: 
                         for k in range(L):
                             if i0 + k < n:
                                 f[b, h, i0 + k, e] = fe[k]
-                    entropy = logw - ent[t] / wsum[t]
+                    entropy = kernel_math.row_entropy(logw, ent[t], wsum[t])
                     energy = m[t] + logw
                     for k in range(L):
                         if i0 + k < n:

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from . import kernels as K
+from . import layout as K
 from .clock import step_time
 
 RUN_COLUMNS = ("step", "time", "energy", "kinetic", "gamma_bar", "eps")

@@ -147,19 +147,19 @@ def test_vector_exp_matches_numpy_over_the_clamped_range():
     ulps of 1 (the squarings double the rounding five times), relative error within 5e-6 where
     the weight counts (z >= -10)."""
     import taichi as ti
-    from particles import backend, kernels
+    from particles import backend, kernel_math, kernels
 
     backend.init("cpu")
     L = 16
     vec = ti.types.vector(L, ti.f32)
-    _, _, _, exp_clamped = kernels_fused.vector_helpers(ti.f32, L)
+    _, _, _, exp_clamped = kernel_math.vector_helpers(ti.f32, L)
 
     @ti.kernel
     def apply(z: ti.types.ndarray(dtype=vec, ndim=1), out: ti.types.ndarray(dtype=vec, ndim=1)):
         for i in range(z.shape[0]):
             out[i] = exp_clamped(z[i])
 
-    z = np.concatenate([np.linspace(kernels_fused.CLAMP, 0.0, 4000), [0.0, -1e-7, -0.5, -29.99]])
+    z = np.concatenate([np.linspace(kernel_math.CLAMP, 0.0, 4000), [0.0, -1e-7, -0.5, -29.99]])
     z = np.resize(z.astype(np.float32), (-(-z.size // L) * L,))
     zin, out = ti.ndarray(vec, shape=(z.size // L,)), ti.ndarray(vec, shape=(z.size // L,))
     zin.from_numpy(z.reshape(-1, L))

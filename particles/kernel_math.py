@@ -1,0 +1,221 @@
+"""The mathematics the pair passes share, written once as Taichi functions; the pass modules
+(kernels, kernels_fused, kernels_wide, kernels_gpu) keep the layout and the scheduling.
+
+Each factory returns ``ti.func``s for one real type (and lane count, for vectors compiled
+unscalarised): the passes inline them, so a function moved here compiles to what its copies
+did.
+
+- the two float32 exps, side by side with their error bounds: ``exp_le0`` (scalar code that
+  LLVM's loop vectoriser takes; 2.2e-7 relative) and ``exp_clamped`` (L-lane vectors, which
+  have no bit casts in Taichi; 3.4e-6 relative where a weight counts);
+- the online-softmax rebase of a row's sums on a new maximum, and the row finish (entropy,
+  row energy) for exponential rules;
+- the rule lift: k(z) or k(z, i, j, n) and the potential, for kernel rules, and their
+  entropy accumulated relative to the row's largest weight (no cancellation in float32);
+- the column reduction of a per-token observable over tokens (float64, fixed order).
+"""
+
+import math
+
+import taichi as ti
+
+from .layout import SLOT_ROW_ENERGY, SLOTS_PER_HEAD
+
+CLAMP = -30.0  # float32 weights below e^-30 relative to the row maximum are rounded up to it
+EXP_SQUARINGS = 5  # the float32 vector exp squares e^(z / 32): |z / 32| <= 0.94 for z >= CLAMP
+EXP_DEGREE = 7     # Taylor degree of e^y there: truncation below the squarings' rounding for z >= -10
+
+
+# -- the float32 exps ---------------------------------------------------------------------------
+def exp_le0(real):
+    """A ti.func e^x for x <= 0 on scalars (float64: ti.exp). float32: x = n ln2 + y (one
+    constant: the fused multiply-add does not round n ln2), e^y by a degree-5 polynomial fitted
+    for relative error, 2^n by the exponent bits: within 2.2e-7 relative for x > -20 (4e-7
+    down to -87), below the rounding of x itself, and vectorisable (ti.exp is a libm call). x
+    is clamped to -87, where e^x is 2^-126, a weight negligible against the row maximum's 1."""
+    f32 = real == ti.f32
+
+    @ti.func
+    def c(value):
+        return ti.cast(value, real)
+
+    @ti.func
+    def exp(x):
+        result = c(0)
+        if ti.static(f32):
+            xc = ti.select(x > c(-87.0), x, c(-87.0))  # one maxps (ti.max also tests NaN)
+            nf = ti.floor(xc * c(1.4426950408889634) + c(0.5))
+            y = xc - nf * c(0.6931471805599453)  # fused: the product is not rounded
+            p = c(8.3337789401e-3)   # 1 + y + y^2 p(y): degree 5, fitted for relative error
+            p = p * y + c(4.1898537427e-2)
+            p = p * y + c(1.6666887701e-1)
+            p = p * y + c(4.9999141693e-1)
+            p = p * y * y + y + c(1.0)
+            result = p * ti.bit_cast((ti.cast(nf, ti.i32) + 127) << 23, real)
+        else:
+            result = ti.exp(x)
+        return result
+
+    return exp
+
+
+def vector_helpers(real, L: int):
+    """(c, splat, vabs, exp_clamped) for L-lane Taichi vectors compiled unscalarised (the
+    fused and wide passes)."""
+    f32 = real == ti.f32
+    vec = ti.types.vector(L, real)
+    taylor = [1.0 / math.factorial(k) for k in range(EXP_DEGREE + 1)]
+
+    @ti.func
+    def c(value):
+        return ti.cast(value, real)
+
+    @ti.func
+    def splat(value):
+        return vec([c(value)] * L)
+
+    @ti.func
+    def vabs(v):
+        return ti.max(v, v * c(-1))  # Taichi vectors have no abs (nor negation) unscalarised
+
+    @ti.func
+    def exp_clamped(zc):
+        """e^zc for CLAMP <= zc <= 0, lane-wise. float32: e^zc = (e^(zc / 2^S))^(2^S), the inner
+        exp by its Taylor polynomial of degree EXP_DEGREE on [-30 / 2^S, 0] (exact at 0), then S
+        squarings: 20 vector operations, against ~48 for a Cody-Waite reduction whose 2^n has to
+        be built by selects (Taichi vectors have no bit casts). The squarings double the
+        rounding error five times: absolute error <= 1.4e-6, relative <= 3.4e-6 for zc >= -10
+        (weights that count), within the float32 tolerance of a step (1e-5). float64: libm per lane."""
+        result = zc
+        if ti.static(f32):
+            y = zc * c(1.0 / 2 ** EXP_SQUARINGS)
+            p = splat(taylor[EXP_DEGREE])
+            for k in ti.static(range(EXP_DEGREE - 1, -1, -1)):
+                p = p * y + c(taylor[k])
+            for _ in ti.static(range(EXP_SQUARINGS)):
+                p = p * p
+            result = p
+        else:
+            for k in range(L):
+                result[k] = ti.exp(zc[k])
+        return result
+
+    return c, splat, vabs, exp_clamped
+
+
+def lane_columns(real, L: int):
+    """A ti.func (F, h, e, cc, rank) -> the L-lane vector F[h, cc L + k, e] over k (zero past
+    rank): column e of a head's factor with its rank in lanes (the fused and wide passes)."""
+    vec = ti.types.vector(L, real)
+
+    @ti.func
+    def column(F: ti.template(), h, e, cc, rank):
+        v = vec([ti.cast(0, real)] * L)
+        for k in ti.static(range(L)):
+            if cc * L + k < rank:
+                v[k] = F[h, cc * L + k, e]
+        return v
+
+    return column
+
+
+# -- exponential rules: the online softmax ---------------------------------------------------------
+@ti.func
+def rebased_entropy_sum(ent, wsum, shift, scale):
+    """sum_j e^(z_j - m)(z_j - m) re-based on a new row maximum m' = m - shift
+    (scale = e^shift <= 1): every term gains e^(z_j - m) shift and is scaled."""
+    return scale * (ent + shift * wsum)
+
+
+@ti.func
+def row_entropy(log_wsum, ent, wsum):
+    """-sum_j p_j log p_j of p_j = w_j / wsum, from log wsum and ent = sum_j w_j log w_j with
+    the weights taken relative to the row's largest (so both terms are small where the
+    entropy is: no cancellation)."""
+    return log_wsum - ent / wsum
+
+
+# -- kernel rules: the rule lift and its entropy ----------------------------------------------------
+def rule_lift(rule, real):
+    """(weight, potential): ti.funcs weight(z, i, j, n) = k(z) or k(z, i, j, n) and
+    potential(z) (0 where the rule has none), cast to ``real``; for a kernel rule (the
+    exponential rules are written as shifted exponentials by the passes)."""
+    positional = rule.positional
+    kernel_fn = ti.func(rule.kernel)
+    with_potential = rule.potential is not None
+    potential_fn = ti.func(rule.potential) if with_potential else None
+
+    @ti.func
+    def weight(z, i, j, n):
+        w = ti.cast(0, real)
+        if ti.static(positional):
+            w = ti.cast(kernel_fn(z, i, j, n), real)
+        else:
+            w = ti.cast(kernel_fn(z), real)
+        return w
+
+    @ti.func
+    def potential(z):
+        p = ti.cast(0, real)
+        if ti.static(with_potential):
+            p = ti.cast(potential_fn(z), real)
+        return p
+
+    return weight, potential
+
+
+def kernel_entropy(real):
+    """(entropy_rebase, row_entropy_of_kernel) for a kernel rule's row in ``real``; the pass
+    accumulates, for each positive weight w (top: the largest so far, wpos: their sum)
+        if w > top: ent = entropy_rebase(ent, wpos, top, w); top = w
+        ent += w log(w / top); wpos += w
+    so every term is taken relative to the row's largest weight."""
+
+    @ti.func
+    def entropy_rebase(ent, wpos, top, w):
+        """ent = sum_j w_j log(w_j / top) when w > top becomes the largest: each term gains
+        w_j log(top / w)."""
+        out = ent
+        if top > 0:
+            out = ent + wpos * ti.log(top / w)
+        return out
+
+    @ti.func
+    def row_entropy_of_kernel(wsum, wpos, top, ent):
+        """log(wsum / top) - ent / wsum, plus log(top) (wsum - wpos) / wsum where some weights
+        are negative (none for ReLU-like rules); 0 for a row without weight."""
+        entropy = ti.cast(0, real)
+        if wsum > 0:
+            if top > 0:
+                entropy = row_entropy(ti.log(wsum / top), ent, wsum)
+                if wpos != wsum:
+                    entropy += ti.log(top) * (wsum - wpos) / wsum
+            else:
+                entropy = ti.log(wsum)
+        return entropy
+
+    return entropy_rebase, row_entropy_of_kernel
+
+
+# -- the column reduction --------------------------------------------------------------------------
+@ti.func
+def reduce_slot(tok: ti.template(), b, s, n, out: ti.template(), slot):
+    """out[slot, b, s] = (sum, min, max, log-sum-exp) of slot s of replica b's n tokens, in
+    float64 in token order (the log-sum-exp for the row energies only: it skips n exps
+    elsewhere)."""
+    total = ti.cast(0, ti.f64)
+    lo = ti.cast(tok[b, 0, s], ti.f64)
+    hi = lo
+    for i in range(n):
+        val = ti.cast(tok[b, i, s], ti.f64)
+        total += val
+        lo = ti.min(lo, val)
+        hi = ti.max(hi, val)
+    lse = ti.cast(0, ti.f64)
+    if s >= 1 and (s - 1) % SLOTS_PER_HEAD == SLOT_ROW_ENERGY:
+        for i in range(n):
+            lse += ti.exp(ti.cast(tok[b, i, s], ti.f64) - hi)
+    out[slot, b, s, 0] = total
+    out[slot, b, s, 1] = lo
+    out[slot, b, s, 2] = hi
+    out[slot, b, s, 3] = hi + ti.log(lse)
