@@ -132,11 +132,10 @@ def _wants_log(values: np.ndarray, base: str) -> bool:
 def _log_axis(ax, base: str) -> None:
     ax.set_yscale("log")   # cluster counts fall by factors: a log axis keeps 64 -> 2 -> 1 legible
     if base == "clusters":   # counts as plain numbers (64, 8, 2), not 6 x 10^1
-        from matplotlib.ticker import LogLocator, ScalarFormatter
+        from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(ScalarFormatter())
-        ax.yaxis.set_minor_formatter(ScalarFormatter())
-        ax.tick_params(axis="y", which="minor", labelsize=0)
+        ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 def _is_zero_throughout(members, cols) -> bool:

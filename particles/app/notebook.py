@@ -50,7 +50,8 @@ def summary_figure(result, title: str | None = None, replica: int = 0):
     """`particles plot`'s summary figure of an in-memory Result (an ensemble: ``replica``),
     with the theory values its parameters allow (c*(H), ln n); the matplotlib Figure, which a
     notebook shows as the cell's value."""
-    import matplotlib.pyplot  # noqa: F401  (loads the backend: Jupyter's inline one shows the Figure)
+    import matplotlib.pyplot as plt
+    plt.close(plt.figure())   # pyplot's backend loaded, as Result.plot does: Jupyter's inline one shows a Figure
     columns = _replica_rows(result, replica)
     meta = dict(getattr(result, "meta", {}) or {})
     if title is None and meta.get("n"):
