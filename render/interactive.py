@@ -86,7 +86,7 @@ def interactive_html(times, tokens, info: RunInfo, config: RenderConfig | None =
     size = float(np.clip(70.0 / math.sqrt(info.n), 3.0, 10.0))   # 8.75 px at n = 64
 
     def token_trace(k: int):
-        p = shown[k]
+        p = shown[k].astype(np.float32)   # plotly stores arrays as binary: float32 halves the page's data
         marker = dict(color=colors[k], size=size, line=dict(color=MARKER_LINE, width=0.6))
         hover = "token %{text}<extra></extra>"
         if three:

@@ -117,8 +117,8 @@ def test_references_of_a_run_come_from_its_scene():
 # --------------------------------------------------------------------------- every bundled scene
 def _bundled():
     from scenes import bundled_scenes
-    fast = {"quickstart"}   # the others: the full suite (one head and flat space: the figure tests above)
-    return [n if n in fast else pytest.param(n, marks=pytest.mark.slow) for n in sorted(bundled_scenes())]
+    # the full suite: each compiles its kernels (one head and flat space: the figure tests above)
+    return [pytest.param(n, marks=pytest.mark.slow) for n in sorted(bundled_scenes())]
 
 
 @pytest.mark.parametrize("name", _bundled())
