@@ -195,7 +195,7 @@ class Simulation:
                              "biases, per-head rules or betas and schedules")
         self.step_count = 0
         self.arch = backend.init(arch)
-        validation.pair_guard(n, n_heads, R, self.arch)   # before anything is compiled or run
+        validation.pair_guard(n, n_heads, R, self.arch, d=d)   # before anything is compiled or run
         backend.check_dtype(dtype)
         for checked in {a.rule for att in self.layer_attention for a in att}:
             check_rule_compiles(checked, dtype, n)

@@ -245,51 +245,70 @@ def memory(need: int, what: str, have: int | None = None) -> None:
 
 # ----------------------------------------------------------------------------- pairs
 
-# One evaluation of the O(n^2) pair pass is one kernel call, and a signal (Ctrl-C, SIGTERM)
-# is seen only between kernel calls. Measured on the development machine (2-core AMD EPYC,
-# shared, load ~10): 2.8 ns per pair (exp, n = 16384, tiled path), 3.1 ns (softmax,
-# n = 32768); at the limit one evaluation takes about 9 s there, about 3 s on a quiet core.
-NS_PER_PAIR = 3.0
-CPU_PAIR_LIMIT = 3e9
+# One evaluation of the O(n^2) pair pass is one kernel call per head pass, and a signal
+# (Ctrl-C, SIGTERM) is seen only between kernel calls (in a run, between steps). A pair costs
+# about 2d + 24 operations (score, value, exponential). Measured on the development machine
+# (2-core AMD EPYC, shared, load ~10): 2.6-3.1 ns per pair at d = 3 (n = 16384, 32768),
+# 14.4 ns at d = 64 (n = 4096, 8 heads): about 0.2 ns per operation and core.
+NS_PER_PAIR_OPERATION = 0.2
+EVALUATION_SECONDS = 5.0     # the longest evaluation a CPU run may have without the override
+STEP_CHECK_SECONDS = 2.0     # a run looks for a signal at least this often (whole steps)
 PAIR_LIMIT_VARIABLE = "PARTICLES_MAX_PAIRS"
-SIGNAL_PAIRS = 1e9      # pair work between two looks for a signal in a run (about 3 s)
 
 
-def cpu_pair_limit() -> float:
-    """Pairs per evaluation allowed on a CPU: CPU_PAIR_LIMIT, or PARTICLES_MAX_PAIRS."""
+def _cores() -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    threads = os.environ.get("TI_CPU_MAX_NUM_THREADS", "")
+    return max(1, min(cores, int(threads)) if threads.isdigit() and int(threads) > 0 else cores)
+
+
+def evaluation_seconds(pairs: float, d: int, cores: int | None = None) -> float:
+    """Estimated seconds of one evaluation of ``pairs`` token pairs at dimension d on the CPU."""
+    return float(pairs) * (2 * d + 24) * NS_PER_PAIR_OPERATION * 1e-9 / (cores or _cores())
+
+
+def cpu_pair_limit(d: int = 3, cores: int | None = None) -> float:
+    """Pairs per evaluation allowed on a CPU: those of EVALUATION_SECONDS at dimension d
+    (1.7e9 at d = 3 on 2 cores, 3.3e8 at d = 64), or PARTICLES_MAX_PAIRS."""
     text = os.environ.get(PAIR_LIMIT_VARIABLE, "").strip()
     if not text:
-        return CPU_PAIR_LIMIT
+        return EVALUATION_SECONDS / evaluation_seconds(1, d, cores)
     try:
         limit = float(text)
     except ValueError:
         limit = math.nan
     if not limit > 0:
         raise ParticlesUserError(f"{PAIR_LIMIT_VARIABLE} = {text!r} must be a positive number of "
-                                 f"token pairs per evaluation (the default is {CPU_PAIR_LIMIT:.0e})")
+                                 "token pairs per evaluation (n^2 x heads x replicas)")
     return limit
 
 
-def pair_guard(n: int, n_heads: int, replicas: int, arch: str, where: str = "") -> None:
+def pair_guard(n: int, n_heads: int, replicas: int, arch: str, where: str = "", d: int = 3,
+               cores: int | None = None) -> None:
     """Refuse a CPU system whose one evaluation would hold off Ctrl-C and SIGTERM for more
-    than seconds (``CPU_PAIR_LIMIT``), naming its size, the wait and the override."""
+    than seconds (EVALUATION_SECONDS), naming its size, the wait and the override."""
     pairs = float(replicas) * n_heads * n * n
-    limit = cpu_pair_limit()
+    limit = cpu_pair_limit(d, cores)
     if arch != "cpu" or pairs <= limit:
         return
+    cores = cores or _cores()
     raise ParticlesUserError(
-        f"{where or 'tokens: '}n = {n} ({n_heads} heads, {replicas} replicas) means {pairs:.2g} token "
-        f"pairs per evaluation of the O(n^2) pair pass: on a CPU one evaluation takes about "
-        f"{_duration(pairs * NS_PER_PAIR * 1e-9)} (~{NS_PER_PAIR:g} ns per pair on a shared 2-core "
-        "machine), inside one kernel call that Ctrl-C and SIGTERM wait for. Use fewer tokens "
-        f"(n^2 x heads x replicas up to {limit:.0e}) or arch 'gpu', or accept the wait: "
+        f"{where or 'tokens: '}n = {n} ({n_heads} heads, {replicas} replicas, d = {d}) means "
+        f"{pairs:.2g} token pairs per evaluation of the O(n^2) pair pass: on this CPU ({cores} "
+        f"cores) one evaluation takes about {_duration(evaluation_seconds(pairs, d, cores))} "
+        f"(about {NS_PER_PAIR_OPERATION * (2 * d + 24) / 2:.3g} ns per pair on 2 shared cores, as measured), "
+        "inside kernel calls that Ctrl-C and SIGTERM wait for. Use fewer tokens (n^2 x heads x "
+        f"replicas up to {limit:.2g} here) or arch 'gpu', or accept the wait: "
         f"{PAIR_LIMIT_VARIABLE}={_ceil_e(pairs)} in the environment")
 
 
-def steps_between_signal_checks(pairs_per_step: float, most: int = 16) -> int:
+def steps_between_signal_checks(step_seconds: float, most: int = 16) -> int:
     """Steps a run advances between two looks for a signal: at most ``most``, and no more
-    than SIGNAL_PAIRS of pair work (one step for a large system)."""
-    return int(max(1, min(most, SIGNAL_PAIRS // max(pairs_per_step, 1.0))))
+    than STEP_CHECK_SECONDS of estimated work (one step for a large system)."""
+    return int(max(1, min(most, STEP_CHECK_SECONDS // max(step_seconds, 1e-12))))
 
 
 def _duration(seconds: float) -> str:
@@ -308,4 +327,5 @@ def _ceil_e(value: float) -> str:
 
 __all__ = ["MAX_STEPS", "integer", "step_count", "real_number", "positive", "non_negative", "choice", "dtype_problem",
            "in_dtype", "real_array", "tokens_shape", "tokens", "betas", "available_bytes",
-           "estimate_bytes", "memory", "cpu_pair_limit", "pair_guard", "steps_between_signal_checks"]
+           "estimate_bytes", "memory", "evaluation_seconds", "cpu_pair_limit", "pair_guard",
+           "steps_between_signal_checks"]

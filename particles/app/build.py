@@ -67,7 +67,7 @@ def check_size(data: dict, n_heads: int, echo=None, shape=None) -> None:
                                  f"{dyn['dtype']}) needs about {need / 2**30:.1f} GiB of memory, but "
                                  f"{have / 2**30:.1f} GiB is available; use fewer tokens or replicas")
     pairs = float(R) * n_heads * n * n
-    validation.pair_guard(n, n_heads, R, dyn.get("arch", "cpu"), "[tokens] ")
+    validation.pair_guard(n, n_heads, R, dyn.get("arch", "cpu"), "[tokens] ", d=d)
     if pairs > SLOW_PAIRS and echo is not None:
         echo(f"warning: n = {n} means {pairs:.2g} token pairs per evaluation (the pair pass is "
              "O(n^2)); one step may take minutes to hours, and so does the warm-up")

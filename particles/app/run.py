@@ -296,24 +296,36 @@ class Runner:
         self.cluster_threshold = float(log.cluster_threshold)
         self.log = LogCsv(self.log_path, self.columns, self.log_every, clusters_every,
                           self.cluster_threshold, resume=log_resume)
-        self.traj = (Trajectory(self.run_dir / "trajectory", traj_meta, traj_every, sim.ensemble,
-                                first_chunk=first_chunk, first_frames=first_frames)
-                     if traj_every > 0 else None)
-        color_by = render_cfg.color_by
-        self.video = Video(animation, self.frame_every, self.log_every, sim.ensemble,
-                           color_by in ("radial", "entropy"),
-                           self.cluster_threshold if color_by == "cluster" else None) \
-            if self.render_on else None
-        # a completed run ends with a checkpoint unless the scene says not to: resume --steps extends it
-        self.checkpoint = (CheckpointWriter(self.run_dir, self.checkpoint_every, self._checkpoint_state)
-                           if self.checkpoint_every or scene.output.final_checkpoint else None)
-        if interrupts is not None:
-            interrupts.raise_if_requested()
-            interrupts.arm()   # from here on a signal stops the loop at a served state
-        # every refusal comes before this point: a refused resume leaves run.json as it was
-        if save_scene:
-            scene.save(self.run_dir / "scene.toml")
-        self._write_run_json("running")
+        try:
+            self.traj = (Trajectory(self.run_dir / "trajectory", traj_meta, traj_every, sim.ensemble,
+                                    first_chunk=first_chunk, first_frames=first_frames)
+                         if traj_every > 0 else None)
+            color_by = render_cfg.color_by
+            self.video = Video(animation, self.frame_every, self.log_every, sim.ensemble,
+                               color_by in ("radial", "entropy"),
+                               self.cluster_threshold if color_by == "cluster" else None) \
+                if self.render_on else None
+            # a completed run ends with a checkpoint unless the scene says not to: resume --steps extends it
+            self.checkpoint = (CheckpointWriter(self.run_dir, self.checkpoint_every, self._checkpoint_state)
+                               if self.checkpoint_every or scene.output.final_checkpoint else None)
+            if interrupts is not None:
+                interrupts.raise_if_requested()
+                interrupts.arm()   # from here on a signal stops the loop at a served state
+            # every refusal comes before this point: a refused resume leaves run.json as it was
+            if save_scene:
+                scene.save(self.run_dir / "scene.toml")
+            self._write_run_json("running")
+        except BaseException:   # a failed start (a full disk, a signal) leaves no file open
+            self._close_quietly()
+            raise
+
+    def _close_quietly(self) -> None:
+        for w in (getattr(self, name, None) for name in ("log", "traj", "video")):
+            try:
+                if w is not None:
+                    w.close()
+            except Exception:  # noqa: BLE001 - the error that stopped the start is the one to report
+                pass
 
     @property
     def writers(self) -> list:
@@ -410,10 +422,11 @@ class Runner:
 
         check_every = max(1, min(1000, self.steps_total // 100 or 1))
         stop = self.interrupts.requested if self.interrupts is not None else None
-        # max_chunk: a deferred Ctrl-C is seen within 16 steps, or ~1e9 pairs of work
-        pairs = sim.n_replicas * sim.n_heads * sim.n * sim.n * len(sim.integrator.weights)
+        # max_chunk: a deferred Ctrl-C is seen within 16 steps, or ~2 s of work
+        step = validation.evaluation_seconds(sim.n_replicas * sim.n_heads * sim.n ** 2, sim.d) \
+            * len(sim.integrator.weights)
         driver = Driver(sim, self.writers, self.steps_total, check_every=check_every,
-                        max_chunk=validation.steps_between_signal_checks(pairs), flush_seconds=2.0,
+                        max_chunk=validation.steps_between_signal_checks(step), flush_seconds=2.0,
                         on_advance=on_advance, should_stop=stop)
         try:
             try:
@@ -532,8 +545,8 @@ def run_scene(scene, out: str | Path | None = None, *, render: bool = True, prog
             return Runner(scene, run_dir, render=render, progress=progress,
                           checkpoint_every=checkpoint_every, echo=echo, interrupts=interrupts,
                           before_write=before_write)
-        except KeyboardInterrupt:   # before the first step: nothing computed, nothing to keep
-            if writing:
+        except BaseException:   # before the first step (a signal, a full disk): nothing computed,
+            if writing:         # nothing to keep
                 clear_run(run_dir)
             raise
 
