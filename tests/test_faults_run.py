@@ -47,14 +47,21 @@ def test_overwrite_keeps_the_previous_run_when_the_new_one_is_refused(tmp_path, 
 
 
 def test_overwrite_keeps_the_previous_run_when_the_tuning_is_refused(tmp_path, monkeypatch):
-    """The large-n pass's tiles from the environment, refused while the run is built (issue 31:
-    the folder was left holding only .lock); the message names the variable, not the scene."""
+    """A refusal of the environment's settings while the run is built (issue 31: with
+    PARTICLES_TUNING=wide=0x0x0 at n = 600 the folder was left holding only .lock; which sizes
+    consult the tiles depends on the kernel path, so the build's refusal is made here): the
+    previous run stays, and the message names the variable, not the scene."""
+    from particles.app import run as run_module
+    from particles.errors import ParticlesUserError
     out = tmp_path / "ow"
     assert particles_cli("run", "quickstart", *SMALL, "--no-render", "--out", out).returncode == 0
     before = snapshot(out)
-    monkeypatch.setenv("PARTICLES_TUNING", "wide=0x0x0")
-    done = particles_cli("run", "quickstart", "--set", "tokens.n=5000", "--steps", "2", "--quiet",
-                         "--no-render", "--overwrite", "--out", out)
+
+    def refused(scene, **kwargs):
+        raise ParticlesUserError("PARTICLES_TUNING: wide tiles '0x0x0' are not allowed")
+
+    monkeypatch.setattr(run_module, "build_simulation", refused)
+    done = particles_cli("run", "quickstart", *SMALL, "--no-render", "--overwrite", "--out", out)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith("error: PARTICLES_TUNING: wide tiles '0x0x0' are not allowed")
     assert snapshot(out) == before
@@ -188,6 +195,32 @@ def test_a_log_write_that_fails_keeps_whole_rows_in_order(tmp_path, monkeypatch)
     assert result.status == "failed"
     assert logged_steps(tmp_path / "r") == list(range(0, 37 * 5, 5))
     assert "log rows (to step 180)" in result.message
+
+
+def test_a_start_that_fails_on_a_full_disk_leaves_nothing_open_or_half_written(tmp_path, monkeypatch):
+    """The disk fills while the run's files are first written (trajectory/meta.json here):
+    exit 2, no file of the run left open (a notebook kept log.csv open), no half-made run."""
+    import particles.output as output
+    real = output.write_json
+
+    def full_at_meta(path, obj):
+        if path.name == "meta.json":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(path, obj)
+
+    monkeypatch.setattr(output, "write_json", full_at_meta)
+    out = tmp_path / "r"
+    done = particles_cli("run", "quickstart", *SMALL, "--no-render", "--out", out)
+    assert done.returncode == 2 and "disk is full" in done.stderr, done.stderr
+    assert [p.name for p in out.iterdir()] == [".lock"]
+    assert not [fd for fd in os.listdir("/proc/self/fd") if str(out) in _target(fd)]
+
+
+def _target(fd) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
 
 
 @pytest.mark.slow
