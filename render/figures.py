@@ -280,8 +280,8 @@ def summary_figure(log, title: str | None = None, references: Sequence[Reference
                    ncol=min(n_heads, 12), fontsize=8, frameon=False)
     notes = ([f"{ZERO_NOTE}: {', '.join(zero)}"] if zero else []) + (
         [f"{NAN_NOTE}: {', '.join(empty)}"] if empty else [])
-    if notes:
-        fig.text(0.005, 0.002, ";   ".join(notes), fontsize=7, color="0.4", ha="left", va="bottom")
+    if notes:   # a figure-level label: constrained layout keeps it clear of the x labels
+        fig.supxlabel(";   ".join(notes), fontsize=7, color="0.4", x=0.005, ha="left")
     if title:
         fig.suptitle(title, fontsize=12, fontweight="bold")
     return fig
@@ -367,7 +367,7 @@ def comparison_figure(runs: Sequence[tuple[str, Mapping, Sequence[Reference]]], 
         fig.legend(handles, names, loc="outside lower center", ncol=len(handles), fontsize=8, frameon=False,
                    title="per-head quantities: colour = run, line style = head", title_fontsize=8)
     if zero:
-        fig.text(0.005, 0.002, f"{ZERO_NOTE}: {', '.join(zero)}", fontsize=7, color="0.4", ha="left", va="bottom")
+        fig.supxlabel(f"{ZERO_NOTE}: {', '.join(zero)}", fontsize=7, color="0.4", x=0.005, ha="left")
     if title:
         fig.suptitle(title, fontsize=11, fontweight="bold")
     return fig
