@@ -157,7 +157,7 @@ class Result(Mapping):
             import matplotlib.pyplot as plt
             # made by pyplot, which loads the backend (in Jupyter the inline one, which displays a
             # figure that is a cell's value), then let go of, so it is not displayed a second time
-            fig = plt.figure(figsize=(6, 2.2 * len(panels)))
+            fig = plt.figure(figsize=(6, 2.2 * len(panels)), layout="constrained")   # labels kept inside
             plt.close(fig)
             axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
         else:
