@@ -64,6 +64,7 @@ class KernelSet:
         has_potential = rule.has_potential
         with_potential = rule.potential is not None and not exponential
         weight_fn, potential_fn = (None, None) if exponential else kernel_math.rule_lift(rule, real)
+        entropy_rebase, kernel_row_entropy = kernel_math.kernel_entropy(real)
         NEG_BIG = -3.0e38 if dtype == "float32" else -1.0e300
         n_slots = n_tok_slots(H)
         arr2 = ti.types.ndarray(dtype=real, ndim=2)
@@ -117,6 +118,8 @@ class KernelSet:
                 wsum = c(0)          # sum of (shifted) kernel weights
                 ent = c(0)           # entropy accumulator
                 pot = c(0)           # row sum of the potential (non-exponential rules)
+                top = c(0)           # kernel rules: the largest weight, the positive weights' sum
+                wpos = c(0)
                 j_lo, j_hi = 0, n
                 if ti.static(banded):
                     j_lo = ti.max(0, i - hint[h, 0])
@@ -143,7 +146,11 @@ class KernelSet:
                         w = weight_fn(z, i, j, n)
                         if ti.static(observe):
                             if w > 0:
-                                ent += w * ti.log(w)
+                                if w > top:
+                                    ent = entropy_rebase(ent, wpos, top, w)
+                                    top = w
+                                ent += w * ti.log(w / top)
+                                wpos += w
                             if ti.static(with_potential):
                                 pot += potential_fn(z)
                     wsum += w
@@ -167,8 +174,11 @@ class KernelSet:
                     row[b, h, i, 0] = m
                     row[b, h, i, 1] = wsum
                     entropy = c(0)
-                    if wsum > 0:
-                        entropy = kernel_math.row_entropy(ti.log(wsum), ent, wsum)
+                    if ti.static(exponential):
+                        if wsum > 0:
+                            entropy = kernel_math.row_entropy(ti.log(wsum), ent, wsum)
+                    else:
+                        entropy = kernel_row_entropy(wsum, wpos, top, ent)
                     row[b, h, i, 2] = entropy
                     if ti.static(exponential):
                         # log of the row's energy sum: sum_j e^{z} = e^m * wsum

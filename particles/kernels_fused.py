@@ -165,6 +165,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
     softmax_norm = rule.normalization == "softmax"
     with_potential = rule.potential is not None and not exponential
     weight_fn, potential_fn = (None, None) if exponential else kernel_math.rule_lift(rule, real)
+    entropy_rebase, kernel_row_entropy = kernel_math.kernel_entropy(real)
     NEG_BIG = -3.0e38 if f32 else -1.0e300
     RVP = -(-rv // AC) * AC
     n_slots = n_tok_slots(H)
@@ -225,6 +226,8 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
         wsum = [splat(0) for _ in ti.static(range(TR))]
         ent = [splat(0) for _ in ti.static(range(TR))]
         pot = [splat(0) for _ in ti.static(range(TR))]
+        top_w = [splat(0) for _ in ti.static(range(TR))]  # kernel rules: the largest weight,
+        wpos = [splat(0) for _ in ti.static(range(TR))]   # the positive weights' sum
         top = [splat(NEG_BIG) for _ in ti.static(range(TR))]
         for j0i in range(npad // JB):
             j0 = j0i * JB
@@ -263,7 +266,11 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                     if observe:
                         for k in range(L):
                             if w[k] > 0:
-                                ent[t][k] += w[k] * ti.log(w[k])
+                                if w[k] > top_w[t][k]:
+                                    ent[t][k] = entropy_rebase(ent[t][k], wpos[t][k], top_w[t][k], w[k])
+                                    top_w[t][k] = w[k]
+                                ent[t][k] += w[k] * ti.log(w[k] / top_w[t][k])
+                                wpos[t][k] += w[k]
                             if ti.static(with_potential):
                                 pot[t][k] += potential_fn(z[k])
         norm = [splat(0) for _ in ti.static(range(TR))]
@@ -293,11 +300,13 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                 entropy = splat(0)
                 energy = pot[t]
                 for k in range(L):
-                    if wsum[t][k] > 0:
-                        lw = ti.log(wsum[t][k])
-                        entropy[k] = kernel_math.row_entropy(lw, ent[t][k], wsum[t][k])
-                        if ti.static(exponential):
+                    if ti.static(exponential):
+                        if wsum[t][k] > 0:
+                            lw = ti.log(wsum[t][k])
+                            entropy[k] = kernel_math.row_entropy(lw, ent[t][k], wsum[t][k])
                             energy[k] = m[t][k] + lw
+                    else:
+                        entropy[k] = kernel_row_entropy(wsum[t][k], wpos[t][k], top_w[t][k], ent[t][k])
                 rowv[b, h, 0, il0 + t] = entropy
                 rowv[b, h, 1, il0 + t] = energy
 

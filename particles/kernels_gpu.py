@@ -167,6 +167,7 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
     softmax_norm = rule.normalization == "softmax"
     with_potential = rule.potential is not None and not exponential
     weight_fn, potential_fn = (None, None) if exponential else kernel_math.rule_lift(rule, real)
+    entropy_rebase, kernel_row_entropy = kernel_math.kernel_entropy(real)
     NEG_BIG = -3.0e38 if dtype == "float32" else -1.0e300
     T = THREADS
     RT = rows_per_thread(r, rv)
@@ -211,6 +212,8 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
             wsum = ti.Vector.zero(real, RT)   # sum of (shifted) kernel weights
             ent = ti.Vector.zero(real, RT)    # entropy accumulator
             pot = ti.Vector.zero(real, RT)    # row sum of the potential (non-exponential rules)
+            top = ti.Vector.zero(real, RT)    # kernel rules: the largest weight, the positive
+            wpos = ti.Vector.zero(real, RT)   # weights' sum
             # the key tiles this block walks (uniform over the block: it syncs)
             kt_lo, kt_hi = 0, n_key_tiles
             below, above = 0, 0
@@ -283,7 +286,11 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
                                 w = weight_fn(z, i_s, j, n)
                                 if ti.static(observe):
                                     if w > 0:
-                                        ent[s] += w * ti.log(w)
+                                        if w > top[s]:
+                                            ent[s] = entropy_rebase(ent[s], wpos[s], top[s], w)
+                                            top[s] = w
+                                        ent[s] += w * ti.log(w / top[s])
+                                        wpos[s] += w
                                     if ti.static(with_potential):
                                         pot[s] += potential_fn(z)
                             wsum[s] += w
@@ -314,8 +321,11 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
                         row[b, h, i, 0] = m[s]
                         row[b, h, i, 1] = wsum[s]
                         entropy = c(0)
-                        if wsum[s] > 0:
-                            entropy = kernel_math.row_entropy(ti.log(wsum[s]), ent[s], wsum[s])
+                        if ti.static(exponential):
+                            if wsum[s] > 0:
+                                entropy = kernel_math.row_entropy(ti.log(wsum[s]), ent[s], wsum[s])
+                        else:
+                            entropy = kernel_row_entropy(wsum[s], wpos[s], top[s], ent[s])
                         row[b, h, i, 2] = entropy
                         if ti.static(exponential):
                             row[b, h, i, 3] = m[s] + ti.log(wsum[s])
