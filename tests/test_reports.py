@@ -127,11 +127,13 @@ def test_identities_and_information_are_counted_apart_from_experiments(tmp_path)
 def test_the_reproduce_modules_identity_checks_are_marked():
     """Rows that follow by construction carry identity=True in the source (issues 26 and 34): e2's
     Condition 8 implication, C_h = 0 on disjoint blocks and flat space's T_h >= 0; e3's golden ratio,
-    kinetic/H, the paper's-form implication and the closed forms' beta_rho = beta* + gap; e7's overlap
+    kinetic/H, the paper's-form implication and the closed forms' beta_rho = beta* + gap; e4's break-even
+    tending to lambda_c (given the engine's break-even = the closed form's); e7's overlap
     norm and its per-head rate at delta = 0 (starts kept because rho_h <= 1); e8's token 0 at rest."""
     import inspect
-    from particles.app.reproduce import e2_radial, e3_critical, e7_near_orthogonal, e8_causal
+    from particles.app.reproduce import e2_radial, e3_critical, e4_heterogeneous, e7_near_orthogonal, e8_causal
     assert inspect.getsource(e2_radial).count("identity=True") == 3
+    assert inspect.getsource(e4_heterogeneous).count("identity=True") == 1
     assert inspect.getsource(e3_critical).count("identity=True") == 4
     assert inspect.getsource(e7_near_orthogonal).count("identity=True") == 2
     assert inspect.getsource(e8_causal).count("identity=True") == 1

@@ -10,8 +10,8 @@ Helpers: ``stats`` (fits with confidence intervals, bootstrap, verdicts), ``equi
 (the 1-D gamma ODE), ``head_outputs`` (per-token head outputs on the host, for the paper's
 form of Theorem 19's condition). The results themselves are stated in docs/MODEL.md. Every number in the report comes
 from the runs made here (closed forms are evaluated here too, never typed in).
-``quick`` finishes in a few minutes on two CPU cores; the full run uses larger ensembles
-and grids (up to about an hour).
+``quick`` took 207 s of CPU time (22 min on the project's 2-core machine at load average ~11);
+the full run uses larger ensembles and grids.
 """
 from __future__ import annotations
 
