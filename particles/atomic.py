@@ -14,8 +14,7 @@ import secrets
 from pathlib import Path
 
 
-class SymlinkRefused(OSError):
-    """The target of a write is a symbolic link; nothing was written."""
+from .errors import SymlinkRefused  # noqa: E402  (a write through a link: the one family)
 
 
 def refuse_symlink(path) -> Path:

@@ -35,8 +35,7 @@ ICD_DIRS = ("/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d", "/usr/share/vu
 _active: dict[str, str] = {}
 
 
-class ArchError(RuntimeError):
-    """The requested arch cannot run here, or conflicts with the one already running."""
+from .errors import ArchError  # noqa: E402  (the requested arch cannot run here: the one family)
 
 
 def _arch_name(arch) -> str:

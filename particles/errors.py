@@ -1,13 +1,18 @@
-"""The core's error classes for mistakes in what a user passed (imports nothing).
+"""The package's one family of errors (imports nothing, never starts Taichi).
 
-``ParticlesUserError`` is a ValueError, so code that catches ValueError keeps working; the
-command line maps it to an exit-2 paragraph. ``ParticlesTypeError`` is also a TypeError, for
-values of the wrong kind (a string where a number goes, complex tokens).
+Every error raised on purpose is a ``ParticlesError``. A mistake in what the user passed or
+asked for (a value, a file, an arch, a run folder) is a ``ParticlesUserError``: a ValueError,
+so code that catches ValueError keeps working, and the one class the command line maps to an
+exit-2 paragraph. The classes below keep the second base their callers catch them by
+(TypeError, FloatingPointError, RuntimeError, OSError).
 """
-from __future__ import annotations
 
 
-class ParticlesUserError(ValueError):
+class ParticlesError(Exception):
+    """An error the package raises on purpose (anything else is a bug)."""
+
+
+class ParticlesUserError(ParticlesError, ValueError):
     """A value given to the engine that it cannot take; the message names the argument,
     what was given and what is allowed."""
 
@@ -16,4 +21,34 @@ class ParticlesTypeError(ParticlesUserError, TypeError):
     """A value of the wrong kind (a string for a number, complex for real)."""
 
 
-__all__ = ["ParticlesUserError", "ParticlesTypeError"]
+class BlowUpError(ParticlesUserError, FloatingPointError):
+    """A NaN or Inf appeared in the state; the message names the step, token and cause
+    (a step too large for the run's beta, most often)."""
+
+    def __init__(self, message: str, step: int, replica: int, token: int):
+        super().__init__(message)
+        self.step, self.replica, self.token = step, replica, token
+
+
+class ArchError(ParticlesUserError, RuntimeError):
+    """The requested arch cannot run here, or conflicts with the one already running."""
+
+
+class RuleCompileError(ParticlesUserError):
+    """A rule's kernel or potential does not compile on the active arch."""
+
+
+class RuleFileError(ParticlesUserError):
+    """A user's rule file that cannot be executed (syntax error, an exception, sys.exit)."""
+
+
+class RunFileError(ParticlesUserError):
+    """A run file that is missing or corrupt; the message names it."""
+
+
+class SymlinkRefused(ParticlesUserError, OSError):
+    """The target of a write is a symbolic link; nothing was written."""
+
+
+__all__ = ["ParticlesError", "ParticlesUserError", "ParticlesTypeError", "BlowUpError", "ArchError",
+           "RuleCompileError", "RuleFileError", "RunFileError", "SymlinkRefused"]

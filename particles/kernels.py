@@ -475,19 +475,19 @@ class FastHeads:
         prep, project, pair, head_out = self.kernels
         first = not self._ready
         if first:
-            with _compile_options(scalarize=True):
+            with compile_options(scalarize=True):
                 prep(ops.Q, ops.K, ops.W, ops.O, self.qc, self.kc, self.wt, self.ot, self.bias, self.n)
-        with _compile_options(scalarize=False, active=first):
+        with compile_options(scalarize=False, active=first):
             project(x, ops.beta, ops.hreal, self.qc, self.kc, self.wt, self.xt, self.xq, self.qt, self.kt,
                     self.uc, ops.q, ops.k, self.keep_qk)
-        with _compile_options(scalarize=True, active=first):
+        with compile_options(scalarize=True, active=first):
             pair(self.qt, self.kt, self.bias, self.uc, self.gt, ops.row, hint, ops.hreal, -1)
-        with _compile_options(scalarize=False, active=first):
+        with compile_options(scalarize=False, active=first):
             head_out(self.gt, self.ot, ops.f)
         self._ready = True
 
 
-class _compile_options:
+class compile_options:
     """Taichi compile options for a kernel's first call (when it compiles; a no-op unless
     active). Taichi's CFG passes off: they are quadratic in the unrolled register tiles (3x
     the compile time) and their rewrites stop LLVM from vectorising the tiles; LLVM's

@@ -144,7 +144,7 @@ class FusedSteps:
                 ops.sumx, self.xt, self.st, self.kt, self.at, self.qv, self.ks, self.us, self.kw, self.ww, self.gv,
                 self.fv, self.rowv, self.zs, self.mask, self.sync, dt, int(steps),
                 int(observe_every), int(step_count), int(observe_now), int(slot), self.workers)
-        with kernels._compile_options(scalarize=False, active=not self._compiled):
+        with kernels.compile_options(scalarize=False, active=not self._compiled):
             self.kernel(*args)
         self._compiled = True
 

@@ -115,7 +115,7 @@ class WideHeads:
         """ops.f and ops.row at state x. hint and ops.hreal (per-head bands, biases, betas) are
         unused: such heads never come here."""
         transpose, project, pair = self.kernels
-        with kernels._compile_options(scalarize=False, active=not self._compiled):
+        with kernels.compile_options(scalarize=False, active=not self._compiled):
             transpose(x, self.xt)
             for h in range(self.H):
                 project(x, ops.Q, ops.K, ops.W, ops.beta, self.xt, self.qv, self.ks, self.us, self.kw,

@@ -27,8 +27,7 @@ TRAJECTORY_SCHEMA = 1
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
-class RunFileError(ValueError):
-    """A run file that is missing or corrupt; the message names it."""
+from .errors import RunFileError  # noqa: E402  (a missing or corrupt run file: the one family)
 
 
 

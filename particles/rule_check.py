@@ -58,8 +58,7 @@ print("probe ok")
 _PROBED: dict = {}
 
 
-class RuleCompileError(ValueError):
-    """A rule's kernel or potential does not compile on the active arch."""
+from .errors import RuleCompileError  # noqa: E402  (a rule that does not compile: the one family)
 
 
 def _first_lines(err: Exception, limit: int = 3) -> str:

@@ -153,8 +153,7 @@ def registered_rules() -> dict[str, Rule]:
     return dict(_REGISTRY)
 
 
-class RuleFileError(ValueError):
-    """A user's rule file that cannot be executed (syntax error, an exception, sys.exit)."""
+from .errors import RuleFileError  # noqa: E402  (a rule file that cannot run: the one family)
 
 
 def _forget(module_name: str, before: set) -> None:

@@ -22,16 +22,8 @@ from .rule_check import check_rule_compiles
 from .rules import Rule, get_rule
 from .schedule import Layer, Schedule
 from . import validation
-from .errors import ParticlesTypeError, ParticlesUserError
+from .errors import BlowUpError, ParticlesTypeError, ParticlesUserError
 from .vocabulary import ARCHES, DTYPES, GEOMETRIES
-
-
-class BlowUpError(FloatingPointError):
-    """A NaN or Inf appeared in the state; the message names the step, token and cause."""
-
-    def __init__(self, message: str, step: int, replica: int, token: int):
-        super().__init__(message)
-        self.step, self.replica, self.token = step, replica, token
 
 
 def _as_heads(heads, d: int) -> list[Head]:

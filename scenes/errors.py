@@ -1,8 +1,10 @@
 """The one exception a scene raises: every problem of a scene file, reported at once."""
 from __future__ import annotations
 
+from particles.errors import ParticlesUserError
 
-class SceneError(ValueError):
+
+class SceneError(ParticlesUserError):
     """A scene that cannot be loaded; ``problems`` lists each problem (a str per problem).
 
     The message names the scene file and lists every problem, e.g.::

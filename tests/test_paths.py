@@ -163,7 +163,7 @@ def test_vector_exp_matches_numpy_over_the_clamped_range():
     z = np.resize(z.astype(np.float32), (-(-z.size // L) * L,))
     zin, out = ti.ndarray(vec, shape=(z.size // L,)), ti.ndarray(vec, shape=(z.size // L,))
     zin.from_numpy(z.reshape(-1, L))
-    with kernels._compile_options(scalarize=False):
+    with kernels.compile_options(scalarize=False):
         apply(zin, out)
     got = out.to_numpy().reshape(-1).astype(np.float64)
     want = np.exp(z.astype(np.float64))

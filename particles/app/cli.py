@@ -26,6 +26,7 @@ import math  # noqa: E402
 import textwrap  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from particles.errors import ParticlesUserError  # noqa: E402  (imports nothing)
 from particles.vocabulary import ARCHES, DTYPES  # noqa: E402  (imports nothing)
 
 EXAMPLES = """\
@@ -46,21 +47,14 @@ examples:
 """
 
 
-class UserError(Exception):
+class UserError(ParticlesUserError):
     """A mistake in what the user asked for; printed as one paragraph, exit code 2."""
 
 
 def _user_errors():
-    from scenes import SceneError
-    from particles.atomic import SymlinkRefused
-    from particles.backend import ArchError
-    from particles.rule_check import RuleCompileError
-    from particles.output import RunFileError
-    from particles.rules import RuleFileError
-    from particles.app.run_dir import RunDirError
-    from particles.errors import ParticlesUserError
-    return (UserError, SceneError, ArchError, RuleCompileError, FileNotFoundError, SymlinkRefused,
-            RunFileError, RunDirError, RuleFileError, ParticlesUserError)
+    # the package's user errors are one family (particles/errors.py: scenes, sweeps, rules,
+    # arches, run files and folders, blow-ups all derive from ParticlesUserError)
+    return (ParticlesUserError, FileNotFoundError)
 
 
 def _load(scene_arg: str, overrides, steps=None, arch=None, dtype=None):
@@ -500,8 +494,8 @@ def _import_deferring_signals(command: str):
 
 
 def _is_user_value_error(err: Exception) -> bool:
-    """ValueErrors raised while building a run from user input (bad rule, bad shapes)."""
-    return type(err) is ValueError or type(err).__name__ in ("BlowUpError",)
+    """Bare ValueErrors, still raised for user input by modules not yet on the family."""
+    return type(err) is ValueError
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import stat
 import time
 from pathlib import Path
 
+from particles.errors import ParticlesUserError
 from particles.output import RunFileError, open_run_file, refuse_link, remove_file
 
 LOCK = ".lock"
@@ -25,7 +26,7 @@ RUN_FILES = ("run.json", "scene.toml", "log.csv", "checkpoint.npz", "previous-ch
 VIDEO_SUFFIXES = (".mp4", ".gif")
 
 
-class RunDirError(Exception):
+class RunDirError(ParticlesUserError):
     """A run directory that cannot be used as asked (busy, holds another run, not a folder)."""
 
 
