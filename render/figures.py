@@ -347,7 +347,7 @@ def comparison_figure(runs: Sequence[tuple[str, Mapping, Sequence[Reference]]], 
                     curves_named.add(ref.label)
             if i // ncols == nrows - 1 or i + ncols >= len(panels):
                 ax.set_xlabel(xlabel, fontsize=8)
-        desc = DESCRIPTIONS.get(base) if base in ("energy",) else DESCRIPTIONS.get(base + "_h") or DESCRIPTIONS.get(base)
+        desc = DESCRIPTIONS.get(base) if base == "energy" else DESCRIPTIONS.get(base + "_h") or DESCRIPTIONS.get(base)
         if base == "kinetic" and any(r.quantity == base for _, _, refs in runs for r in refs):
             desc = DESCRIPTIONS["kinetic"] + r" and $dE/dt$"
         ax.set_title(f"{base}: {desc}" if desc else base, fontsize=9, loc="left")

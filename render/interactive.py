@@ -119,7 +119,8 @@ def interactive_html(times, tokens, info: RunInfo, config: RenderConfig | None =
     axis = dict(range=[-1.15, 1.15], showbackground=False, zeroline=False, title="", showspikes=False,
                 gridcolor="rgb(235,235,235)")
     names = ("x", "y", "z") if info.d == 3 else ("PC 1", "PC 2", "PC 3")
-    layout = dict(title=dict(text=heading(0), x=0.02, font=dict(size=15)), height=720, margin=dict(l=10, r=10, t=80, b=10),
+    layout = dict(title=dict(text=heading(0), x=0.02, font=dict(size=15)), height=720,
+                  margin=dict(l=10, r=10, t=80, b=10),
                   updatemenus=[dict(type="buttons", direction="left", x=0.0, y=0.02, xanchor="right",
                                     yanchor="top", pad=dict(r=10, t=30), buttons=[play, pause])],
                   sliders=[slider], paper_bgcolor="white", template="none")   # no template: a smaller page

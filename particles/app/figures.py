@@ -90,7 +90,8 @@ def _energy_rate(scene: dict, entries, columns) -> tuple[np.ndarray, np.ndarray]
         return None
     for e in entries:
         if (e.get("kind") not in SYMMETRIC_KINDS or e.get("value", "aligned") != "aligned"
-                or e.get("value_noise", 0.0) or any(e.get(k) is not None for k in ("rule", "beta", "mask", "alibi_slope"))):
+                or e.get("value_noise", 0.0)
+                or any(e.get(k) is not None for k in ("rule", "beta", "mask", "alibi_slope"))):
             return None
     t, energy = np.asarray(columns["time"], float), np.asarray(columns["energy"], float)
     ok = np.isfinite(t) & np.isfinite(energy)

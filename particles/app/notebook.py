@@ -120,7 +120,8 @@ def film_html(trajectory, log=None, replica: int = 0, max_frames: int = 150, fps
         with Animation(path, config, info, t_end=float(times[-1]) if times[-1] > 0 else None,
                        final_tokens=x[-1]) as anim:
             for frame, t in zip(x, times):
-                upto = {k: columns[k][columns["time"] <= t + 1e-12] for k in keys} if columns else {"time": np.array([t])}
+                upto = ({k: columns[k][columns["time"] <= t + 1e-12] for k in keys} if columns
+                        else {"time": np.array([t])})
                 anim.add_frame(frame, float(t), upto, token_values=_token_values(config, frame, threshold))
         data = base64.b64encode(path.read_bytes()).decode("ascii")
     w, h = anim.frame_size
