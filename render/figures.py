@@ -287,6 +287,18 @@ def summary_figure(log, title: str | None = None, references: Sequence[Reference
     return fig
 
 
+def _equal_heads(heads, cols, log_scale: bool) -> str:
+    """' (heads equal)' or ' (h2 = h0)': a run's heads drawn one over another, in one colour
+    and told apart only by line style, said in its legend entry (judged as the panels judge)."""
+    if len(heads) < 2:
+        return ""
+    same = coincident_with([cols[c] for _, c in heads], log_scale=log_scale)
+    if all(j == 0 for j in same[1:]):
+        return f" (all {len(heads)} heads equal)"
+    pairs = [f"h{heads[i][0]} = h{heads[j][0]}" for i, j in enumerate(same) if j is not None]
+    return f" ({', '.join(pairs)})" if pairs else ""
+
+
 COMPARED = ("gamma_bar", "eps", "energy", "kinetic", "radial_dominance", "entropy_mean", "clusters", "min_cosine")
 
 
@@ -326,12 +338,15 @@ def comparison_figure(runs: Sequence[tuple[str, Mapping, Sequence[Reference]]], 
             color = colors[r % len(colors)]
             total = [m for m in members if m[0] is None]
             heads = [] if total and base == "energy" else [m for m in members if m[0] is not None]   # E: the total
+            name = label + _equal_heads(heads, cols, ax.get_yscale() == "log")
+            if total + heads and _nan_throughout(total + heads, cols):   # drawn as nothing: said so
+                name = label + " (NaN throughout" + (": no potential)" if base == "energy" else ")")
             for j, (h, col) in enumerate(total + heads):
                 y = cols[col]
                 ok = ~np.isnan(y)
                 ax.plot(thin(t[ok], MAX_POINTS), thin(y[ok], MAX_POINTS), color=color,
                         ls=LINE_STYLES[h % len(LINE_STYLES)] if h is not None else "-",
-                        lw=1.8 if h is None else 1.3, label=label if j == 0 else None)
+                        lw=1.8 if h is None else 1.3, label=name if j == 0 else None)
             for ref in refs:
                 if ref.quantity != base:
                     continue

@@ -199,3 +199,18 @@ def test_each_twin_documents_its_comparison_command():
         assert re.fullmatch(rf"particles run {a} --out (\S+) && particles run {b} --out (\S+) && "
                             r"particles plot \1 \2", line), line
         assert line in readme.splitlines()
+
+
+def test_the_comparison_names_equal_heads_and_runs_without_a_quantity():
+    import numpy as np
+    from render.figures import comparison_figure
+    equal, masked = _fake_log(n_heads=4), _fake_log(n_heads=4)
+    for h in range(4):
+        equal[f"radial_dominance_h{h}"] = equal["radial_dominance_h0"]
+        masked[f"radial_dominance_h{h}"] = masked["radial_dominance_h0"] * (1 + h)
+    masked["energy"] = np.full_like(masked["energy"], np.nan)
+    axes = _axes_by_title(comparison_figure([("none", equal, []), ("alibi", masked, [])]))
+    assert [t.get_text() for t in axes["radial_dominance"].get_legend().get_texts()] == [
+        "none (all 4 heads equal)", "alibi"]
+    assert [t.get_text() for t in axes["energy"].get_legend().get_texts()] == [
+        "none", "alibi (NaN throughout: no potential)"]
