@@ -161,7 +161,7 @@ def _plot_pair(runs, tmp_path):
 
 def test_the_comparison_overlays_both_runs_and_the_ode(twin_runs):
     """heterogeneous vs homogeneous: both gamma_bar curves and each one's ODE on one axis, the
-    measured curve within the float32 run's error of theory.equiangular_curve."""
+    measured curve on theory.equiangular_curve (float32 run: 6e-7 apart over the whole run, t = 2)."""
     import numpy as np
     from render.figures import comparison_figure
     from particles.app.figures import read_log, references, scene_data
@@ -174,7 +174,7 @@ def test_the_comparison_overlays_both_runs_and_the_ode(twin_runs):
     assert labels[:2] == ["heterogeneous_heads", "equiangular ODE"] and "homogeneous_heads" in labels
     het, ode = axes["gamma_bar"].lines[:2]
     t = het.get_xdata()
-    assert np.abs(np.interp(t, ode.get_xdata(), ode.get_ydata()) - het.get_ydata()).max() < 2e-3
+    assert np.abs(np.interp(t, ode.get_xdata(), ode.get_ydata()) - het.get_ydata()).max() < 2e-5   # 6e-7 measured to t = 2
 
 
 def test_a_sweep_folder_is_plotted_alone(tmp_path, twin_runs):
