@@ -179,6 +179,8 @@ class Panel:
             if np.isfinite(e0).any() and np.nanmax(np.abs(e0)) > RELATIVE_ENERGY and np.all(e0[np.isfinite(e0)] != 0):
                 self.energy0 = e0
         ax.tick_params(labelsize=8, length=3)
+        if not self.log_scale:                # no '+1.5e15' offset: a panel's numbers read as they are
+            ax.ticklabel_format(axis="y", useOffset=False)
         ax.grid(True, color="0.92", lw=0.6)
         ax.set_axisbelow(True)
         title = self.RELATIVE_TITLE if self.energy0 is not None else self.TITLES[name]
@@ -277,9 +279,12 @@ class Panel:
         span = hi_t - lo_t
         if span <= 1e-12 * max(1.0, abs(hi_t)):
             span = max(abs(hi_t) * 0.1, 1e-6) if not self.log_scale else 0.5
-        if self.name == "gamma_bar" and span < 0.2:     # a cosine: no 1e-8-wide axis at t = 0
+        # dimensionless quantities get an axis of a readable width from the first frame (a cosine,
+        # a relative change: all 0 at t = 0 gave a 1e-8-wide axis whose '1e-8' covered the title)
+        least = 0.2 if self.name == "gamma_bar" else 0.02 if self.energy0 is not None else 0.0
+        if not self.log_scale and span < least:
             mid = 0.5 * (lo_t + hi_t)
-            lo_t, hi_t, span = mid - 0.1, mid + 0.1, 0.2
+            lo_t, hi_t, span = mid - 0.5 * least, mid + 0.5 * least, least
         pad = 0.08 * span
         new_lo, new_hi = lo_t - pad, hi_t + pad
         if self.ylim is not None:          # widen only, with extra headroom toward the growth
