@@ -135,6 +135,31 @@ def row_entropy(log_wsum, ent, wsum):
     return log_wsum - ent / wsum
 
 
+def normalisation(real, softmax: bool, exponential: bool, guarded: bool = True):
+    """A ti.func row_norm(wsum, m, count): the factor that turns a row's weighted sum of u into
+    its pull g_i. softmax: 1 / wsum (0 for a row without weight); mean: 1 / count, the visible
+    keys, times e^m for the exponential rules, whose weights are taken relative to the row's
+    maximum m. guarded=False: the pass knows wsum >= 1 (an exponential rule's row holds its
+    maximum's weight 1) and skips the test (the register-tile passes: the test changed LLVM's
+    code for the division, and the last bits)."""
+
+    @ti.func
+    def row_norm(wsum, m, count):
+        norm = ti.cast(0, real)
+        if ti.static(softmax and not guarded):
+            norm = ti.cast(1, real) / wsum
+        elif ti.static(softmax):
+            if wsum > 0:
+                norm = ti.cast(1, real) / wsum
+        elif ti.static(exponential):
+            norm = ti.exp(m) / count
+        else:
+            norm = ti.cast(1, real) / count
+        return norm
+
+    return row_norm
+
+
 # -- kernel rules: the rule lift and its entropy ----------------------------------------------------
 def rule_lift(rule, real):
     """(weight, potential): ti.funcs weight(z, i, j, n) = k(z) or k(z, i, j, n) and

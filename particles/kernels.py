@@ -65,6 +65,7 @@ class KernelSet:
         with_potential = rule.potential is not None and not exponential
         weight_fn, potential_fn = (None, None) if exponential else kernel_math.rule_lift(rule, real)
         entropy_rebase, kernel_row_entropy = kernel_math.kernel_entropy(real)
+        row_norm = kernel_math.normalisation(real, softmax_norm, exponential)
         NEG_BIG = -3.0e38 if dtype == "float32" else -1.0e300
         n_slots = n_tok_slots(H)
         arr2 = ti.types.ndarray(dtype=real, ndim=2)
@@ -156,18 +157,10 @@ class KernelSet:
                     wsum += w
                     for a in ti.static(range(rv)):
                         acc[a] += w * u[b, h, j, a]
-                norm = c(0)
-                if ti.static(softmax_norm):
-                    if wsum > 0:
-                        norm = c(1) / wsum
-                else:
-                    count = c(n)  # mean normalisation: the number of visible keys
-                    if ti.static(banded):
-                        count = c(j_hi - j_lo)
-                    if ti.static(exponential):
-                        norm = ti.exp(m) / count
-                    else:
-                        norm = c(1) / count
+                count = c(n)  # mean normalisation: the number of visible keys
+                if ti.static(banded):
+                    count = c(j_hi - j_lo)
+                norm = row_norm(wsum, m, count)
                 for a in ti.static(range(rv)):
                     g[b, h, i, a] = acc[a] * norm
                 if ti.static(observe):
@@ -542,6 +535,7 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
     vecA = ti.types.ndarray(dtype=ti.types.vector(AL, real), ndim=1)
     w_arr = vecT if lanes_j else vecA  # the types of wt and uc (see FastHeads)
     u_arr = arr1 if lanes_j else vecA
+    row_norm = kernel_math.normalisation(real, softmax_norm, True, guarded=False)
 
     @ti.func
     def c(value):
@@ -836,13 +830,10 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
             for t in ti.static(range(TI)):
                 i = it * TI + t
                 if i < n:
-                    if ti.static(softmax_norm):
-                        norm[t] = c(1) / wsum[t]
-                    else:
-                        count = c(n)  # mean normalisation: the number of visible keys
-                        if ti.static(banded):
-                            count = c(ti.min(n, i + above + 1) - ti.max(0, i - below))
-                        norm[t] = ti.exp(m[t]) / count
+                    count = c(n)  # mean normalisation: the number of visible keys
+                    if ti.static(banded):
+                        count = c(ti.min(n, i + above + 1) - ti.max(0, i - below))
+                    norm[t] = row_norm(wsum[t], m[t], count)
                     row[b, h, i, 0] = m[t]
                     row[b, h, i, 1] = wsum[t]
                     row[b, h, i, 2] = kernel_math.row_entropy(ti.log(wsum[t]), ent[t], wsum[t])

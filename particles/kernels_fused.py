@@ -166,6 +166,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
     with_potential = rule.potential is not None and not exponential
     weight_fn, potential_fn = (None, None) if exponential else kernel_math.rule_lift(rule, real)
     entropy_rebase, kernel_row_entropy = kernel_math.kernel_entropy(real)
+    row_norm = kernel_math.normalisation(real, softmax_norm, exponential)
     NEG_BIG = -3.0e38 if f32 else -1.0e300
     RVP = -(-rv // AC) * AC
     n_slots = n_tok_slots(H)
@@ -276,13 +277,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
         norm = [splat(0) for _ in ti.static(range(TR))]
         for t in ti.static(range(TR)):
             for k in range(L):
-                if ti.static(softmax_norm):
-                    if wsum[t][k] > 0:
-                        norm[t][k] = c(1) / wsum[t][k]
-                elif ti.static(exponential):
-                    norm[t][k] = ti.exp(m[t][k]) / c(n)
-                else:
-                    norm[t][k] = c(1) / c(n)
+                norm[t][k] = row_norm(wsum[t][k], m[t][k], c(n))
         for a0i in range(RVP // AC):
             a0 = a0i * AC
             part = [[splat(0) for _ in ti.static(range(AC))] for _ in ti.static(range(TR))]

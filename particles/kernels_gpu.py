@@ -1,5 +1,5 @@
-"""Kernels shaped for a GPU (CUDA, Vulkan, Metal): chosen by ``kernels.KernelSet`` when the
-active arch is not the CPU.
+"""Kernels shaped for a GPU (CUDA, Vulkan, Metal): the tiled path's implementation 'gpu'
+(``paths.SPECS``, registered below), and the reduction ``kernels.KernelSet`` takes on a GPU arch.
 
 ``TiledHeads``: the pair pass, the only O(n^2) work, with key tiles staged in shared memory
 and several query rows per thread (see the section below); project and head_out are the
@@ -168,6 +168,7 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
     with_potential = rule.potential is not None and not exponential
     weight_fn, potential_fn = (None, None) if exponential else kernel_math.rule_lift(rule, real)
     entropy_rebase, kernel_row_entropy = kernel_math.kernel_entropy(real)
+    row_norm = kernel_math.normalisation(real, softmax_norm, exponential)
     NEG_BIG = -3.0e38 if dtype == "float32" else -1.0e300
     T = THREADS
     RT = rows_per_thread(r, rv)
@@ -303,18 +304,10 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
             for s in ti.static(range(RT)):
                 i = first + s * T
                 if i < n and serve:
-                    norm = c(0)
-                    if ti.static(softmax_norm):
-                        if wsum[s] > 0:
-                            norm = c(1) / wsum[s]
-                    else:
-                        count = c(n)  # mean normalisation: the number of visible keys
-                        if ti.static(banded):
-                            count = c(ti.min(n, i + above + 1) - ti.max(0, i - below))
-                        if ti.static(exponential):
-                            norm = ti.exp(m[s]) / count
-                        else:
-                            norm = c(1) / count
+                    count = c(n)  # mean normalisation: the number of visible keys
+                    if ti.static(banded):
+                        count = c(ti.min(n, i + above + 1) - ti.max(0, i - below))
+                    norm = row_norm(wsum[s], m[s], count)
                     for a in ti.static(range(rv)):
                         g[b, h, i, a] = acc[s, a] * norm
                     if ti.static(observe):

@@ -142,6 +142,7 @@ def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: 
     v3 = ti.types.ndarray(dtype=vec, ndim=3)
     c, splat, vabs, exp_clamped = vector_helpers(real, L)
     column = lane_columns(real, L)
+    row_norm = kernel_math.normalisation(real, softmax_norm, True, guarded=False)
 
     @ti.func
     def clamp(z):
@@ -288,10 +289,7 @@ def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: 
                     logw = splat(0)
                     for k in range(L):
                         logw[k] = ti.log(wsum[t][k])
-                        if ti.static(softmax_norm):
-                            norm[k] = c(1) / wsum[t][k]
-                        else:
-                            norm[k] = ti.exp(m[t][k]) / c(n)
+                        norm[k] = row_norm(wsum[t][k], m[t][k], c(n))
                     i0 = (il + t) * L
                     for e in range(d):
                         fe = splat(0)
