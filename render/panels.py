@@ -29,7 +29,7 @@ from .colors import head_color
 from .config import RunInfo
 
 MAX_PANELS = 4            # more would leave each too short to read at 720 pixels
-RELATIVE_ENERGY = 1e6     # energies larger than this are drawn as their relative change
+RELATIVE_ENERGY = 1e6     # energies larger than this: a log axis (positive) or their relative change
 FLOAT32_EPS, ROUND_OFF_ULPS = 2.0 ** -23, 64   # dE/dt drawn only where E's step exceeds its round-off
 MAX_POINTS = 4000          # longer series are thinned (every k-th point, the last kept)
 COINCIDENT_DASH = (0, (4, 3))   # a head's curve drawn over an equal earlier one: dashed, both show
@@ -167,23 +167,31 @@ class Panel:
         self.columns = columns
         self.info = info
         self.log_scale = name in self.LOG_SCALE
-        if self.log_scale:
-            ax.set_yscale("log")
         self.ylim = None
         self.xlim = list(xlim) if xlim is not None else None
         self.lines, self.heads = [], []
         self.energy0 = None         # per column: E(0), where energies are drawn as relative change
         if name == "energy" and first_log is not None:
+            # decided at the first frame, kept for the film: positive energies that span decades
+            # or exceed 1e6 (a trained model's heads at beta = 100: 0.007 to 5e14, later 1e246)
+            # on a log axis; huge energies of either sign as each curve's relative change
             first = [np.asarray(first_log[c], dtype=float).ravel()[:1] for c, _ in columns]
             e0 = np.array([float(f[0]) if f.size else np.nan for f in first])
-            if np.isfinite(e0).any() and np.nanmax(np.abs(e0)) > RELATIVE_ENERGY and np.all(e0[np.isfinite(e0)] != 0):
+            fin = e0[np.isfinite(e0)]
+            if fin.size and fin.min() > 0 and (fin.max() > RELATIVE_ENERGY or fin.max() / fin.min() > 1e3):
+                self.log_scale = True
+            elif fin.size and np.abs(fin).max() > RELATIVE_ENERGY and np.all(fin != 0):
                 self.energy0 = e0
+        if self.log_scale:
+            ax.set_yscale("log")
         ax.tick_params(labelsize=8, length=3)
         if not self.log_scale:                # no '+1.5e15' offset: a panel's numbers read as they are
             ax.ticklabel_format(axis="y", useOffset=False)
         ax.grid(True, color="0.92", lw=0.6)
         ax.set_axisbelow(True)
         title = self.RELATIVE_TITLE if self.energy0 is not None else self.TITLES[name]
+        if name == "energy" and self.log_scale:
+            title += "  (log)"
         ax.set_title(title, fontsize=10, loc="left", pad=3, y=1.0)   # y given: not moved between redraws
         if show_xlabel:
             ax.set_xlabel("time $t$", fontsize=9, labelpad=2)
@@ -258,6 +266,8 @@ class Panel:
         rows = 1 if len(self.short) <= 7 else 2
         if many:                                   # make room: short title, tighter legend
             short = r"$\Delta E\,/\,|E(0)|$" if self.energy0 is not None else self.TITLES[name].split("  ")[0]
+            if name == "energy" and self.log_scale:
+                short += " (log)"
             self.ax.set_title(short, fontsize=10, loc="left", pad=3, y=1.0)
         self.legend = self.ax.legend(self.lines, self.short, loc="lower right", bbox_to_anchor=(1.0, 1.0),
                                      ncol=math.ceil(len(self.short) / rows), frameon=False,
@@ -285,17 +295,21 @@ class Panel:
         if not self.log_scale and span < least:
             mid = 0.5 * (lo_t + hi_t)
             lo_t, hi_t, span = mid - 0.5 * least, mid + 0.5 * least, least
-        pad = 0.08 * span
+        pad, room = 0.08 * span, 0.3 * span
+        if self.log_scale:                 # 250 decades (MiniLM's energies) need no 75 of headroom
+            pad, room = min(pad, 0.5), min(room, 3.0)
         new_lo, new_hi = lo_t - pad, hi_t + pad
         if self.ylim is not None:          # widen only, with extra headroom toward the growth
             if lo_t < self.ylim[0]:
-                new_lo = lo_t - 0.3 * span
+                new_lo = lo_t - room
             else:
                 new_lo = min(self.ylim[0], new_lo)
             if hi_t > self.ylim[1]:
-                new_hi = hi_t + 0.3 * span
+                new_hi = hi_t + room
             else:
                 new_hi = max(self.ylim[1], new_hi)
+        if self.log_scale:                 # inside float64: 10 ** 321 is inf
+            new_lo, new_hi = max(new_lo, -300.0), min(new_hi, 300.0)
         self.ylim = (new_lo, new_hi)
         if self.log_scale:
             self.ax.set_ylim(10 ** new_lo, 10 ** new_hi)

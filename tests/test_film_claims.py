@@ -108,18 +108,27 @@ def test_energy_rate_panel_overlays_the_energys_rate_and_the_kinetic_term(tmp_pa
     assert np.allclose(kinetic.get_data()[1], 2 * times)
 
 
-def test_huge_energies_are_drawn_as_relative_change(tmp_path):
-    """MiniLM's energies are ~1e15: a linear axis drew one curve with an offset."""
+def test_huge_energies_are_drawn_on_a_log_axis_or_as_relative_change(tmp_path):
+    """MiniLM's energies run from 0.007 to 5e14 at t = 0 (1e246 later): a linear axis drew one
+    curve with a 1e15 offset, and a relative change made one head's 1e231 the whole axis. Positive
+    energies go on a log axis from the first frame; huge ones of either sign as relative change."""
     times = np.linspace(0, 1, 3)
     full = log_of(times, 12)
-    for key in [k for k in full if k.startswith("energy")]:
-        full[key] = 1e15 * (1 + 0.01 * times) * (1 + int(key[8:] or 0) if key != "energy" else 1)
-    inf = info(12)
-    anim = film(tmp_path / "m.gif", RenderConfig(panels=("energy",), **SMALL), inf,
-                [{k: v[:i + 1] for k, v in full.items()} for i in range(3)],
+    for h in range(12):
+        full[f"energy_h{h}"] = 10.0 ** (h * 1.5 - 2) * (1 + times)
+    full["energy"] = sum(full[f"energy_h{h}"] for h in range(12))
+    steps = [{k: v[:i + 1] for k, v in full.items()} for i in range(3)]
+    anim = film(tmp_path / "m.gif", RenderConfig(panels=("energy",), **SMALL), info(12), steps,
                 [sphere_tokens(12, k) for k in range(3)], t_end=1.0)
     panel = anim._panels.panels[0]
-    assert "E(0)" in panel.ax.get_title(loc="left")        # many heads: the short title, still relative
+    assert panel.ax.get_yscale() == "log" and panel.energy0 is None
+    assert "log" in panel.ax.get_title(loc="left")
+    signed = {**full, "energy_h0": -1e15 * (1 + 0.01 * times), "energy": 1e15 * (1 + 0.01 * times)}
+    anim = film(tmp_path / "s.gif", RenderConfig(panels=("energy",), **SMALL), info(12),
+                [{k: v[:i + 1] for k, v in signed.items()} for i in range(3)],
+                [sphere_tokens(12, k) for k in range(3)], t_end=1.0)
+    panel = anim._panels.panels[0]
+    assert panel.ax.get_yscale() == "linear" and "E(0)" in panel.ax.get_title(loc="left")
     assert np.allclose(panel.lines[0].get_data()[1], 0.01 * times)
 
 
