@@ -438,6 +438,8 @@ def test_scene_vocabularies_match_the_modules_that_own_them():
     assert set(schema.INTEGRATOR_NAMES) == set(INTEGRATORS)
     for name in ("VIEWS", "COLOR_BY", "PROJECTIONS", "PANELS"):
         assert tuple(getattr(schema, name)) == tuple(getattr(render.config, name)), name
+    import particles.app.cli as cli
+    assert cli.RENDER_VIEWS == schema.VIEWS and cli.RENDER_COLOR_BY == schema.COLOR_BY
     import particles.attention
     import particles.backend
     import particles.vocabulary as vocab

@@ -29,6 +29,11 @@ from pathlib import Path  # noqa: E402
 from particles.errors import ParticlesUserError  # noqa: E402  (imports nothing)
 from particles.vocabulary import ARCHES, DTYPES  # noqa: E402  (imports nothing)
 
+# render's options, copied here so that the parser imports nothing (held equal to the scene
+# schema's lists by tests/test_scenes.py)
+RENDER_VIEWS = ("auto", "circle", "sphere", "pca", "heads")
+RENDER_COLOR_BY = ("index", "cluster", "radial", "entropy", "norm")
+
 EXAMPLES = """\
 examples:
   particles run quickstart                    run a bundled scene (video, log, trajectory)
@@ -363,9 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", action="store_true",
                    help="write an interactive view instead of a video: one self-contained offline HTML file "
                         "(tokens on the sphere, play and a time slider, rotation by mouse)")
-    p.add_argument("--view", choices=("auto", "circle", "sphere", "pca", "heads"),
+    p.add_argument("--view", choices=RENDER_VIEWS,
                    help="projection of the tokens (auto: circle for d = 2, sphere for d = 3, else pca)")
-    p.add_argument("--color-by", choices=("index", "cluster", "radial", "entropy"),
+    p.add_argument("--color-by", choices=RENDER_COLOR_BY,
                    help="what a token's colour shows")
     p.add_argument("--fps", type=_positive_int, metavar="N", help="frames per second")
     p.add_argument("--trails", type=int, metavar="N", help="length of each token's trail, in frames (>= 0)")
