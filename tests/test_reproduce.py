@@ -343,7 +343,16 @@ def test_causal_collapse_measure_tells_masked_from_unmasked():
     """What the verdict rests on: the same tokens and matrix collapse onto token 0 only with
     the mask; without it token 0 moves and no run meets the criterion (so the check can fail)."""
     from particles.app.reproduce.e8_causal import collapse
-    T, drift, _, moved, _ = collapse(8, 1.0, 2, 0.2, 60.0, causal=True)
+    T, drift, _, moved, _, _ = collapse(8, 1.0, 2, 0.2, 60.0, causal=True)
     assert np.all(np.isfinite(T)) and drift <= 1e-12 and moved > 0.1
-    T, drift, _, _, _ = collapse(8, 1.0, 2, 0.2, 60.0, causal=False)
-    assert np.all(np.isnan(T)) and drift > 1e-2
+    T, drift, _, _, _, speed = collapse(8, 1.0, 2, 0.2, 60.0, causal=False)
+    assert np.all(np.isnan(T)) and drift > 1e-2 and np.all(np.isfinite(speed))
+
+
+def test_a_run_that_has_not_collapsed_is_a_counterexample_only_once_it_has_settled():
+    """Full mode met one run (n = 32, beta = 4, seed 5) still moving at t = 2000 (speed 5e-5, rising):
+    a metastable stage, not a counterexample; a run at rest away from x_0 is one."""
+    from particles.app.reproduce.e8_causal import SETTLED, collapse_verdict
+    assert collapse_verdict([]) == stats.AGREES
+    assert collapse_verdict([4.7e-5]) == stats.UNDECIDED
+    assert collapse_verdict([4.7e-5, 0.1 * SETTLED]) == stats.DISAGREES
