@@ -6,6 +6,8 @@ import re
 import math
 from types import SimpleNamespace
 
+import pytest
+
 from particles.app.cli import _summary_lines
 from particles.app.summary import Summary, energy_note
 
@@ -32,7 +34,8 @@ def test_condition8_is_judged_at_t0_and_before_the_tangent_floor():
     assert c8["rho_t0"] == [0.5, 0.5] and c8["first_exceed_time"] == [None, None]
     assert c8["held_fraction"] == [1.0, 1.0] and c8["floor_time"] == [0.30000000000000004] * 2
     text = "\n".join(_summary_lines(d))
-    assert "rho at t = 0 0.5 (holds); never exceeds 1; held in 100% of judged states" in text
+    assert "rho at t = 0 0.5 (holds, below c*); never exceeds 1; held in 100% of judged states" in text
+    assert "c*(2) = 0.618 is rho's value at beta*" in text
     assert "4e+07" not in text and "max rho" not in text
 
 
@@ -42,6 +45,19 @@ def test_condition8_first_exceedance_and_fraction():
     text = "\n".join(_summary_lines(s.as_dict()))
     assert "first exceeds 1 at t = 0.1; held in 50% of judged states" in text
     assert s.as_dict()["condition8_held"] is False
+
+
+def test_condition8_places_rho_at_t0_against_c_star_of_h():
+    """c*(H) is where rho_h(0) sits at beta* from orthonormal tokens: (H-1) c*^2/(1-c*^2) = c*."""
+    from particles import theory
+    for H in (2, 3, 8):
+        cstar = theory.c_star(H)
+        at_beta_star = theory.rho_orthonormal(H, 16, 1.0, theory.beta_star(H, 16))
+        assert at_beta_star == pytest.approx(cstar, rel=1e-12)
+    for rho, side in ((0.6, "below c*"), (0.64, "above c*")):
+        s = Summary(2, 1e-10)
+        s.on_rows([_row(0, rho, 1.0), _row(1, rho, 1.0)])
+        assert f"rho at t = 0 {rho:.3g} (holds, {side})" in "\n".join(_summary_lines(s.as_dict()))
 
 
 def test_condition8_is_not_applicable_with_one_head_or_in_flat_space():

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 from particles.drive import Every, Writer
+from particles.theory import c_star
 
 
 # Condition 8 is judged while a head's tangent power T_h is at least this fraction of its value at
@@ -152,10 +153,16 @@ def condition8_lines(s: dict) -> list[str]:
     head = "Condition 8 (radial dominance rho_h <= 1):"
     if not c8["applies"]:
         return [f"{head} n/a ({c8['why_not']})"]
-    lines = [f"{head} per head, judged while T_h >= {c8['tangent_floor']:g} x T_h(t=0)"]
+    n_heads = len(c8["rho_t0"])
+    cstar = c_star(n_heads)
+    # rho_h(0) = c*(H) exactly at beta* from orthonormal tokens with identical scalar heads
+    # ((H-1) c*^2 / (1 - c*^2) = c*): the side of c*(H) is the side of Theorem 19's threshold
+    lines = [f"{head} per head, judged while T_h >= {c8['tangent_floor']:g} x T_h(t=0); "
+             f"c*({n_heads}) = {cstar:.3f} is rho's value at beta* from orthonormal tokens (Theorem 19)"]
     for h, (r0, first, frac, floor) in enumerate(zip(c8["rho_t0"], c8["first_exceed_time"],
                                                     c8["held_fraction"], c8["floor_time"])):
-        text = f"  h{h}: rho at t = 0 {r0:.3g} ({'holds' if r0 <= 1 else 'fails'}); "
+        side = "" if math.isnan(r0) else f", {'below' if r0 < cstar else 'above'} c*"
+        text = f"  h{h}: rho at t = 0 {r0:.3g} ({'holds' if r0 <= 1 else 'fails'}{side}); "
         text += "never exceeds 1" if first is None else f"first exceeds 1 at t = {first:g}"
         text += "; held in " + ("no judged state" if math.isnan(frac) else f"{100 * frac:.0f}% of judged states")
         if floor is not None:
