@@ -58,6 +58,14 @@ KNOWN_PRIVATE = {
     ("scenes.head_builders", "scenes.configurations._rng"),
     ("scenes.pretrained_keys", "scenes.schema._head_attention"),
 }
+# function-local imports in the core and scenes, per module (each a way around a cycle or a
+# slow import; none may be added)
+KNOWN_LOCAL_IMPORTS = {
+    "particles.machine": 1, "particles.output": 1, "particles.pretrained": 1, "particles.result": 9,
+    "particles.rule_check": 1, "particles.rules": 1, "scenes.configurations": 1,
+    "scenes.head_builders": 1, "scenes.models": 2, "scenes.pretrained_keys": 4, "scenes.scene": 1,
+    "scenes.schema": 1,
+}
 # modules that promise never to start Taichi (the scene schema, the renderer, the file formats
 # and the engine's Taichi-free tables)
 TAICHI_FREE = ("scenes", "render", "particles", "particles.heads", "particles.output",
@@ -239,15 +247,37 @@ def test_no_new_private_name_used_across_modules():
     assert private_uses() == KNOWN_PRIVATE
 
 
+def local_imports(root: Path = ROOT) -> dict[str, int]:
+    """module -> how many import statements sit inside its functions (core and scenes)."""
+    out = {}
+    for path in all_modules(root):
+        name = module_name(path, root)
+        if layer(name) not in ("core", "scenes"):
+            continue
+        tree = ast.parse(path.read_text())
+        inside = {id(node) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  for node in ast.walk(fn) if isinstance(node, (ast.Import, ast.ImportFrom))}
+        if inside:
+            out[name] = len(inside)
+    return out
+
+
+def test_no_new_function_local_import_in_the_core_or_scenes():
+    found = local_imports()
+    assert {m: k for m, k in found.items() if k > KNOWN_LOCAL_IMPORTS.get(m, 0)} == {}
+    assert sum(found.values()) <= sum(KNOWN_LOCAL_IMPORTS.values())
+
+
 def _fake_tree(root: Path) -> None:
     """A project of four modules: render importing the core (at module level, in a function and
-    by string), a core cycle, a private name used across modules."""
+    by string), a core cycle, a private name used across modules, a function-local import."""
     for pkg in PACKAGES:
         (root / pkg).mkdir()
         (root / pkg / "__init__.py").write_text("")
     (root / "particles" / "heads.py").write_text("from . import engine\n_SECRET = 1\n")
     (root / "particles" / "engine.py").write_text("from .heads import _SECRET\nfrom . import heads\n\n"
-                                                   "def f():\n    return heads._SECRET\n")
+                                                   "def f():\n    return heads._SECRET\n\n"
+                                                   "def g():\n    from . import heads as h\n    return h\n")
     (root / "render" / "probe.py").write_text(
         "import numpy\nfrom particles.heads import Head\n\ndef f():\n    from scenes import load_scene\n"
         "\ndef g():\n    import importlib\n    return importlib.import_module('particles.engine')\n")
@@ -264,6 +294,7 @@ def test_the_checker_sees_every_kind_of_import_cycles_and_private_names(tmp_path
     assert any(":9: render imports particles.engine" in v for v in probe)
     assert cycles(import_graph(tmp_path)) == {frozenset({"particles.heads", "particles.engine"})}
     assert private_uses(tmp_path) == {("particles.engine", "particles.heads._SECRET")}
+    assert local_imports(tmp_path) == {"particles.engine": 1}
 
 
 def test_the_modules_that_promise_it_never_start_taichi():
