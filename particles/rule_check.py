@@ -14,6 +14,7 @@ import numpy as np
 import taichi as ti
 
 from . import backend
+from .kernel_math import rule_lift
 from .rules import Rule
 
 PROBE_SECONDS = float(os.environ.get("PARTICLES_RULE_PROBE_SECONDS", "60"))   # per probe child
@@ -248,19 +249,19 @@ def probe_edges(rule: Rule, dtype: str) -> None:
     """Compile each of the rule's functions and run it at the edge cases; RuleCompileError
     naming the rule and the function that fails."""
     real = ti.f32 if dtype == "float32" else ti.f64
+    weight, potential = rule_lift(rule, real)   # the passes' own lift, each compiled alone here
     for role, fn in (("kernel", rule.kernel), ("potential", rule.potential)):
         if fn is None:
             continue
-        taichi_fn = ti.func(fn)
         positional = role == "kernel" and rule.positional
 
         @ti.kernel
         def probe(z: real, i: ti.i32, j: ti.i32, n: ti.i32) -> real:
             value = ti.cast(0, real)
-            if ti.static(positional):
-                value = ti.cast(taichi_fn(z, i, j, n), real)
+            if ti.static(role == "kernel"):
+                value = weight(z, i, j, n)
             else:
-                value = ti.cast(taichi_fn(z), real)
+                value = potential(z)
             return value
 
         try:
