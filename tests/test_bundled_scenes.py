@@ -1,4 +1,5 @@
-"""Every bundled scene loads, validates and runs a few steps headless."""
+"""Every bundled scene loads, validates, runs a few steps headless and plots (issue 32: `particles
+plot` on every bundled scene's run; the twin pairs in tests/test_plot_runs.py)."""
 import numpy as np
 import pytest
 
@@ -6,6 +7,7 @@ from particles.output import load_log
 from particles.app.run import run_scene
 from scenes import bundled_scenes, load_scene
 from minilm import skip_without_minilm
+from cli_runner import particles_cli
 
 
 # the fast tier runs these; the others (each compiling its own kernels) only in the full suite
@@ -23,3 +25,6 @@ def test_bundled_scene_runs_a_few_steps(name, tmp_path):
     assert list(log["step"]) == [0, 1, 2, 3, 4]
     assert np.all(np.isfinite(log["gamma_bar"]))
     assert (tmp_path / name / "scene.toml").is_file()
+    proc = particles_cli("plot", tmp_path / name)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / name / "summary.png").stat().st_size > 10_000

@@ -114,23 +114,7 @@ def test_references_of_a_run_come_from_its_scene():
     assert not any(r.quantity == "radial_dominance" for r in refs.values())   # flat: no radial shadow
 
 
-# --------------------------------------------------------------------------- every bundled scene
-def _bundled():
-    from scenes import bundled_scenes
-    # the full suite: each compiles its kernels (one head and flat space: the figure tests above)
-    return [pytest.param(n, marks=pytest.mark.slow) for n in sorted(bundled_scenes())]
-
-
-@pytest.mark.parametrize("name", _bundled())
-def test_every_bundled_scene_plots(name, tmp_path):
-    from minilm import skip_without_minilm
-    skip_without_minilm(name)
-    run = _run(name, tmp_path / name, steps=6)
-    proc = particles_cli("plot", run)
-    assert proc.returncode == 0, proc.stderr
-    assert (run / "summary.png").stat().st_size > 10_000
-
-
+# ------------------------------------------------ twin pairs (every bundled scene alone: test_bundled_scenes.py)
 TWINS = [("heterogeneous_heads", "homogeneous_heads"), ("critical_beta_h2_below", "critical_beta_h2_above"),
          ("relu_vs_softmax_relu", "relu_vs_softmax_softmax"), ("alibi_vs_none_alibi", "alibi_vs_none_none")]
 
