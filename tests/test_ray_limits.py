@@ -49,17 +49,18 @@ def test_the_object_store_fits_the_address_space_limit():
     assert object_store_bytes(RAY_PROCESS_BYTES + 2 * RAY_STORE_MIN, None) == RAY_STORE_MIN
 
 
-def _limit_address_space(limit):
-    return lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+def _sweep_on_ray_under(limit, tmp_path, timeout):
+    """`particles sweep --executor ray` of SWEEP in a process whose address space is ``limit`` bytes."""
+    (tmp_path / "s.toml").write_text(SWEEP)
+    return subprocess.run([sys.executable, "-m", "particles", "sweep", str(tmp_path / "s.toml"), "--out",
+                           str(tmp_path / "out"), "--executor", "ray", "--workers", "2"],
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                          timeout=timeout, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
 
 
 def test_a_limit_too_small_for_ray_is_one_paragraph_not_a_crash(tmp_path):
     pytest.importorskip("ray")
-    (tmp_path / "s.toml").write_text(SWEEP)
-    proc = subprocess.run([sys.executable, "-m", "particles", "sweep", str(tmp_path / "s.toml"), "--out",
-                           str(tmp_path / "out"), "--executor", "ray", "--workers", "2"],
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-                          timeout=300, preexec_fn=_limit_address_space(2 * 10**9))
+    proc = _sweep_on_ray_under(2 * 10**9, tmp_path, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     err = " ".join(proc.stderr.split())
     assert "Ray's local cluster cannot start here" in err and "Traceback" not in err, err
@@ -70,10 +71,6 @@ def test_a_limit_too_small_for_ray_is_one_paragraph_not_a_crash(tmp_path):
 @pytest.mark.ray
 def test_a_sweep_runs_on_ray_under_a_six_gigabyte_limit(tmp_path):
     pytest.importorskip("ray")
-    (tmp_path / "s.toml").write_text(SWEEP)
-    proc = subprocess.run([sys.executable, "-m", "particles", "sweep", str(tmp_path / "s.toml"), "--out",
-                           str(tmp_path / "out"), "--executor", "ray", "--workers", "2"],
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-                          timeout=600, preexec_fn=_limit_address_space(6 * 10**9))
+    proc = _sweep_on_ray_under(6 * 10**9, tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "out" / "results.csv").read_text().count("\n") == 5
