@@ -23,7 +23,7 @@ _EXPORTS = {
     "load_rule_file": "rules", "BUILTIN_RULES": "rules",
     "Simulation": "simulation", "BlowUpError": "errors", "ParticlesError": "errors",
     "ParticlesUserError": "errors",
-    "Attention": "attention", "alibi_slopes": "attention", "Layer": "schedule", "Schedule": "schedule",
+    "Attention": "attention", "alibi_slopes": "attention", "Rotary": "rotary", "Layer": "schedule", "Schedule": "schedule",
     "ArchError": "errors",
     "load_log": "output", "load_trajectory": "output",
     "Result": "result", "Trajectory": "result",

@@ -11,6 +11,8 @@ Positions are token indices 0..n-1 (the order of the tokens array). For head h:
     alibi    slope m >= 0 of the ALiBi bias: z_ij = beta s_ij - m |i - j|.
     beta     the head's own inverse temperature (None: the replica's beta).
     rule     the head's own rule (None: the simulation's rule).
+    rotary   ``particles.Rotary`` (RoPE): q_i and k_j rotated by their positions before the
+             scores (None: no rotation; see ``particles.rotary``).
 
 Every mask is a band j in [i - below, i + above] clipped to [0, n), so the pair loops
 visit only the visible keys: a causal head does about half the pair work.
@@ -22,6 +24,7 @@ from dataclasses import dataclass, replace
 
 from . import validation
 from .errors import ParticlesTypeError, ParticlesUserError
+from .rotary import Rotary
 from .rules import Rule, get_rule
 
 from .vocabulary import MASKS
@@ -37,6 +40,7 @@ class Attention:
     alibi: float = 0.0
     beta: float | None = None
     rule: Rule | str | None = None
+    rotary: Rotary | None = None
 
     def __post_init__(self):
         if not isinstance(self.mask, str) or self.mask not in MASKS:
@@ -58,6 +62,9 @@ class Attention:
                                      f"{type(self.rule).__name__}")
         if isinstance(self.rule, str):
             object.__setattr__(self, "rule", get_rule(self.rule))
+        if self.rotary is not None and not isinstance(self.rotary, Rotary):
+            raise ParticlesTypeError(f"rotary must be None or a particles.Rotary, got "
+                                     f"{type(self.rotary).__name__}")
 
     @property
     def band(self) -> tuple[int, int]:
@@ -74,7 +81,8 @@ class Attention:
     @property
     def positional(self) -> bool:
         """Does the head see positions at all (mask, bias or a position-aware rule)?"""
-        return self.masked or self.alibi > 0 or bool(self.rule is not None and self.rule.positional)
+        return (self.masked or self.alibi > 0 or self.rotary is not None
+                or bool(self.rule is not None and self.rule.positional))
 
     @property
     def has_potential(self) -> bool:

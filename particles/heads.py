@@ -6,6 +6,12 @@ A head is stored as factors so that low-rank heads cost n^2 r, not n^2 d:
     value  V = O W          (O: d x rv, W: rv x d) f_i = O sum_j w_ij (W x_j)
 
 A full d x d matrix M is the factorisation Q = I, K = M (r = d); likewise V = I V.
+
+Optional biases, as a trained layer has them (``particles.head_terms`` adds them after the
+projection): q_i = Q x_i + b_q, k_j = K x_j + b_k, u_j = W x_j + b_v. A query bias is a per-key
+score term <b_q, K x_j>; a key bias a per-query constant (no effect on the softmax weights);
+a value bias the constant drift O b_v once the weights sum to 1. None (the default): no term,
+and the kernels are exactly those of a head without biases.
 """
 from __future__ import annotations
 
@@ -37,6 +43,9 @@ class Head:
     key: np.ndarray        # r x d
     value_out: np.ndarray  # d x rv
     value_in: np.ndarray   # rv x d
+    query_bias: np.ndarray | None = None   # r, or None
+    key_bias: np.ndarray | None = None     # r, or None
+    value_bias: np.ndarray | None = None   # rv, or None
 
     def __post_init__(self):
         q = _as_matrix("query", self.query, None, None)
@@ -46,6 +55,20 @@ class Head:
         o = _as_matrix("value_out", self.value_out, d, w.shape[0])
         for name, value in (("query", q), ("key", k), ("value_out", o), ("value_in", w)):
             object.__setattr__(self, name, value)
+        for name, size in (("query_bias", q.shape[0]), ("key_bias", q.shape[0]),
+                           ("value_bias", w.shape[0])):
+            b = getattr(self, name)
+            if b is not None:
+                b = validation.real_array(name, b)
+                if b.shape != (size,):
+                    raise ParticlesUserError(f"{name} must be a vector of length {size} (the "
+                                             f"head's {'value' if name == 'value_bias' else 'score'}"
+                                             f" rank), got shape {b.shape}")
+                object.__setattr__(self, name, b)
+
+    @property
+    def has_biases(self) -> bool:
+        return any(b is not None for b in (self.query_bias, self.key_bias, self.value_bias))
 
     @property
     def dim(self) -> int:
@@ -80,8 +103,10 @@ class Head:
         return cls(query=eye, key=m.copy(), value_out=eye.copy(), value_in=v.copy())
 
     @classmethod
-    def from_factors(cls, query, key, value_out=None, value_in=None) -> "Head":
-        """Head from factors M = Q^T K (r x d each) and V = O W (O: d x rv, W: rv x d).
+    def from_factors(cls, query, key, value_out=None, value_in=None, *, query_bias=None,
+                     key_bias=None, value_bias=None) -> "Head":
+        """Head from factors M = Q^T K (r x d each) and V = O W (O: d x rv, W: rv x d),
+        with optional biases (see the module's docstring).
 
         Without value factors, V = M (aligned) with O = Q^T, W = K.
         """
@@ -96,7 +121,8 @@ class Head:
         else:
             w = _as_matrix("value factor W (value_in)", value_in, None, d)
             o = _as_matrix("value factor O (value_out)", value_out, d, w.shape[0])
-        return cls(query=q, key=k, value_out=o, value_in=w)
+        return cls(query=q, key=k, value_out=o, value_in=w, query_bias=query_bias,
+                   key_bias=key_bias, value_bias=value_bias)
 
     @classmethod
     def scalar(cls, strength: float, dim: int) -> "Head":

@@ -357,12 +357,16 @@ class KernelSet:
 class PlainHeads:
     """project, pair and head_out on the (R, H, n, .) arrays."""
 
+    after_project = None  # a layer's biases and rotary positions (head_terms.LayerTerms)
+
     def __init__(self, kern: KernelSet):
         self.kern = kern
 
     def __call__(self, x, ops, hint, observe):
         """The heads' outputs at state x into ops.f (and ops.row): ``layout.Operands``."""
         self.kern.project(x, ops.Q, ops.K, ops.W, ops.q, ops.k, ops.u)
+        if self.after_project is not None:
+            self.after_project(ops)
         self.kern.pair(ops.q, ops.k, ops.u, ops.beta, hint, ops.hreal, ops.g, ops.row, observe)
         self.kern.head_out(ops.g, ops.O, ops.f)
 

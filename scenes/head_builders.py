@@ -235,9 +235,10 @@ def matrix(score, value=None) -> Head:
 # ----------------------------------------------------------------------------- pretrained
 
 def pretrained(model, layer: int = 0, select=None, fold_layernorm: bool = False,
-               rotary: str = "refuse", value_from: str = "weights") -> list[Head]:
+               rotary: str = "keep", value_from: str = "weights", biases: str = "keep") -> list[Head]:
     """The heads of a trained model's layer (``particles.pretrained.load_heads``): a checkpoint
     folder or an installed package; M_h = W_Q,h^T W_K,h / sqrt(d_head), V_h = W_O,h W_V,h
-    (``value_from = "score"``: V_h = M_h)."""
+    (``value_from = "score"``: V_h = M_h), with their biases unless ``biases = "drop"``. The
+    rotary positions ride the heads' Attention (``particles.app.build.head_attention``)."""
     from particles.pretrained import load_heads
-    return load_heads(model, layer, select, fold_layernorm, rotary, value_from).heads
+    return load_heads(model, layer, select, fold_layernorm, rotary, value_from, biases).heads

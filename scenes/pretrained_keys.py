@@ -6,7 +6,9 @@ default true). ``n`` and ``d`` come from the text and the model (given, they mus
 the loader writes the token strings as ``strings`` (so a run's scene.toml records them).
 
 ``[heads]`` (one table): ``model``, ``layer`` (default 0), ``select`` (head indices, default
-all), ``fold_layernorm`` (default false), ``rotary`` ("refuse" | "drop", LLaMA),
+all), ``fold_layernorm`` (default false), ``biases`` ("keep" | "drop": the query, key, value
+and output biases carried, default "keep"), ``rotary`` ("keep" | "drop", LLaMA's rotary
+positions, default "keep"; the loader writes ``rotary_theta`` and ``rotary_pairs`` when kept),
 ``value_from`` ("weights": V_h = W_O,h W_V,h; "score": V_h = M_h). A causal model's heads get
 ``mask = "causal"`` unless the table sets its own mask. The model is read while the scene is
 validated, so a missing model or package is a problem of the scene (naming what to install).
@@ -18,9 +20,11 @@ from pathlib import Path
 from particles import pretrained
 
 TOKEN_KEYS = ("text", "model", "layernorm", "strings")
-HEAD_KEYS = ("model", "layer", "select", "fold_layernorm", "rotary", "value_from")
+HEAD_KEYS = ("model", "layer", "select", "fold_layernorm", "biases", "rotary", "rotary_theta",
+             "rotary_pairs", "value_from")
 VALUE_FROM = ("weights", "score")
-ROTARY = ("refuse", "drop")
+ROTARY = pretrained.ROTARY
+BIASES = pretrained.BIASES
 
 
 def model_source(model: str, base_dir: Path) -> str:
@@ -42,7 +46,7 @@ def _model(sec, base_dir):
 
 
 def _problem(sec, exc, default_key: str) -> None:
-    key = {"layer": "layer", "heads": "select", "rotary": "rotary",
+    key = {"layer": "layer", "heads": "select", "rotary": "rotary", "biases": "biases",
            "text": "text"}.get(getattr(exc, "key", None), default_key)
     sec.problem(key, str(exc))
 
@@ -95,14 +99,17 @@ def head_entry(sec, base_dir, d) -> None:
     select = sec.take("select", S.Spec("a non-empty list of distinct head indices >= 0",
                                        _select)) if sec.has("select") else None
     fold = sec.take("fold_layernorm", S.boolean(), False)
-    rotary = sec.take("rotary", S.choice(*ROTARY), "refuse")
+    biases = sec.take("biases", S.choice(*BIASES), "keep")
+    rotary = sec.take("rotary", S.choice(*ROTARY), "keep")
+    theta = sec.take("rotary_theta", S.number(), store=False) if sec.has("rotary_theta") else None
+    pairs = sec.take("rotary_pairs", S.string(), store=False) if sec.has("rotary_pairs") else None
     value_from = sec.take("value_from", S.choice(*VALUE_FROM), "weights")
     sec.take("seed", S.integer(0), 0)
     S._head_attention(sec)
-    if S.MISSING in (model, layer, select, fold, rotary, value_from):
+    if S.MISSING in (model, layer, select, fold, rotary, value_from, biases):
         return
     try:
-        lh = pretrained.load_heads(model, layer, select, fold, rotary, value_from)
+        lh = pretrained.load_heads(model, layer, select, fold, rotary, value_from, biases)
     except pretrained.PretrainedError as exc:
         _problem(sec, exc, "model")
         return
@@ -115,3 +122,10 @@ def head_entry(sec, base_dir, d) -> None:
                              f"d = {lh.heads[0].dim} or init = 'text' with this model")
     if lh.causal and not sec.has("mask"):
         sec.out["mask"] = "causal"
+    got = (None, None) if lh.rotary is None else (lh.rotary.theta, lh.rotary.pairs)
+    for key, given, value in (("rotary_theta", theta, got[0]), ("rotary_pairs", pairs, got[1])):
+        if given not in (None, S.MISSING) and given != value:   # a run's scene.toml records them
+            sec.problem(key, f"is {S.show(given)}, but the model's layer gives {S.show(value)}; "
+                             "omit it (the loader writes it)")
+        if value is not None:
+            sec.out[key] = value

@@ -92,8 +92,9 @@ def build_head_entry(entry: dict, d: int) -> list[Head]:
     elif kind == "pretrained":
         heads = head_builders.pretrained(entry["model"], entry.get("layer", 0), entry.get("select"),
                                          entry.get("fold_layernorm", False),
-                                         entry.get("rotary", "refuse"),
-                                         entry.get("value_from", "weights"))
+                                         entry.get("rotary", "keep"),
+                                         entry.get("value_from", "weights"),
+                                         entry.get("biases", "keep"))
     elif kind == "matrix":
         vm = entry.get("value_matrix")
         heads = [head_builders.matrix(_matrix(entry["score"]), None if vm is None else _matrix(vm))]

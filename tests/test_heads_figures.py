@@ -9,21 +9,28 @@ from particles import pretrained as P
 from test_pretrained import make_checkpoint
 
 
-def test_attention_weights_match_the_checkpoints_queries_and_keys(tmp_path):
-    from particles.app.heads_cli import attention_weights
+def test_attention_maps_match_the_checkpoints_queries_and_keys(tmp_path):
+    """pretrained.attention_maps (the figure's weights) against the checkpoint's tensors: the
+    query and key biases inside the scores, and the causal, rotated llama layout too."""
     make_checkpoint(tmp_path / "m", "bert", d=8, H=2, dtype=np.float64)
     ck = P.open_checkpoint(tmp_path / "m")
-    lh = P.load_heads(ck, 0)
     x = np.random.default_rng(3).standard_normal((5, 8))
-    (wq, wk, _, _), _ = P._layer_weights(ck, 0)
+    (wq, wk, _, _), (bq, bk, _, _) = P._layer_weights(ck, 0)
     dh = ck.head_dim
-    for h, head in enumerate(lh.heads):
-        s = 2.5 * (x @ wq[h * dh:(h + 1) * dh].T) @ (x @ wk[h * dh:(h + 1) * dh].T).T / math.sqrt(dh)
-        ref = np.exp(s - s.max(axis=1, keepdims=True))
-        ref /= ref.sum(axis=1, keepdims=True)
-        assert np.allclose(attention_weights(head, x, 2.5), ref, rtol=0, atol=1e-12)
-    causal = attention_weights(lh.heads[0], x, 2.5, causal=True)
-    assert np.allclose(np.triu(causal, 1), 0.0) and np.allclose(causal.sum(axis=1), 1.0)
+    for biases, on in (("keep", 1.0), ("drop", 0.0)):
+        weights = P.attention_maps(P.load_heads(ck, 0, biases=biases), x, 2.5)[0]
+        for h in range(2):
+            q = x @ wq[h * dh:(h + 1) * dh].T + on * bq[h * dh:(h + 1) * dh]
+            k = x @ wk[h * dh:(h + 1) * dh].T + on * bk[h * dh:(h + 1) * dh]
+            s = 2.5 * q @ k.T / math.sqrt(dh)
+            ref = np.exp(s - s.max(axis=1, keepdims=True))
+            ref /= ref.sum(axis=1, keepdims=True)
+            assert np.allclose(weights[h], ref, rtol=0, atol=1e-12)
+    make_checkpoint(tmp_path / "l", "llama", d=8, H=2, dtype=np.float64)
+    causal = P.attention_maps(P.load_heads(tmp_path / "l", 0), x, 2.5)[0]
+    assert np.allclose(np.triu(causal[0], 1), 0.0) and np.allclose(causal.sum(axis=2), 1.0)
+    unrotated = P.attention_maps(P.load_heads(tmp_path / "l", 0, rotary="drop"), x, 2.5)[0]
+    assert np.max(np.abs(causal - unrotated)) > 1e-3 and np.allclose(causal[:, 0], unrotated[:, 0])
 
 
 def test_cli_heads_with_a_text_draws_attention_maps_and_signed_scales(tmp_path):

@@ -30,8 +30,9 @@ def _tokenizer(folder: Path, special: bool):
 
 
 def make_checkpoint(folder: Path, layout: str, d=8, H=4, Hkv=None, layers=2, positions=16,
-                    seed=0, dtype=np.float32, bias=True, prefix=""):
-    """A random checkpoint of the layout in ``folder``; returns the arrays (float64) by name."""
+                    seed=0, dtype=np.float32, bias=True, prefix="", llama_bias=False):
+    """A random checkpoint of the layout in ``folder``; returns the arrays (float64) by name.
+    ``llama_bias``: query/key/value biases in the llama layout (as Qwen2 has them)."""
     rng = np.random.default_rng(seed)
     dh = d // H
     Hkv = Hkv or H
@@ -80,6 +81,10 @@ def make_checkpoint(folder: Path, layout: str, d=8, H=4, Hkv=None, layers=2, pos
             t[b + "k_proj.weight"] = w(Hkv * dh, d)
             t[b + "v_proj.weight"] = w(Hkv * dh, d)
             t[b + "o_proj.weight"] = w(d, H * dh)
+            if llama_bias:
+                t[b + "q_proj.bias"] = 0.3 * rng.standard_normal(H * dh)
+                t[b + "k_proj.bias"] = 0.3 * rng.standard_normal(Hkv * dh)
+                t[b + "v_proj.bias"] = 0.3 * rng.standard_normal(Hkv * dh)
             t[f"layers.{l}.input_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(d)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(cfg))
@@ -140,13 +145,14 @@ def test_engine_velocity_is_the_attention_layer(tmp_path, layout, H, Hkv, prefix
     x = np.random.default_rng(5).standard_normal((n, d))   # flat: any inputs, not unit
     for layer in (0, 1):
         want = layer_output(t, layout, layer, x, d, H, Hkv)
-        lh = P.load_heads(tmp_path / "m", layer, rotary="drop")
+        lh = P.load_heads(tmp_path / "m", layer, rotary="drop", biases="drop")
         assert len(lh.heads) == H and all(h.score_rank == d // H for h in lh.heads)
         got = engine_velocity(lh, x)
         err = np.max(np.abs(got - want))
         assert err < 1e-12 * max(1.0, np.max(np.abs(want))), err
         # the module's own direct computation agrees too
-        assert np.max(np.abs(P.attention_reference(tmp_path / "m", layer, x) - want)) < 1e-12
+        assert np.max(np.abs(P.attention_reference(tmp_path / "m", layer, x, biases=False,
+                                                   rotary=False) - want)) < 1e-12
 
 
 def test_head_selection_sums_to_the_selected_heads(tmp_path):
@@ -175,22 +181,120 @@ def test_value_score_replaces_v_by_m_and_fold_scales_by_the_gain(tmp_path):
         assert np.allclose(b.value, a.value * g[None, :], rtol=1e-12, atol=1e-14)
 
 
-def test_biases_are_reported_not_dropped_silently(tmp_path):
+def test_biases_are_carried_and_dropping_them_is_said(tmp_path):
     make_checkpoint(tmp_path / "m", "bert", d=8, H=2)
     lh = P.load_heads(tmp_path / "m", 0)
     assert set(lh.bias_ratio) == {"query", "key", "value", "output"}
     assert all(r > 0 for r in lh.bias_ratio.values())
-    assert any("biases dropped" in s for s in lh.notes)
+    assert any("biases carried" in s for s in lh.notes)
+    assert all(h.query_bias is not None and h.value_rank == 5 for h in lh.heads)  # + b_O column
+    dropped = P.load_heads(tmp_path / "m", 0, biases="drop")
+    assert any("biases dropped (biases = 'drop')" in s for s in dropped.notes)
+    assert not any(h.has_biases for h in dropped.heads)
     make_checkpoint(tmp_path / "nb", "bert", d=8, H=2, bias=False)
     assert P.load_heads(tmp_path / "nb", 0).bias_ratio == {}
+    with pytest.raises(P.PretrainedError, match="biases: expected one of 'keep', 'drop'"):
+        P.load_heads(tmp_path / "m", 0, biases="fold")
 
 
-def test_rotary_is_refused_unless_dropped(tmp_path):
+def test_rotary_is_carried_unless_dropped(tmp_path):
     make_checkpoint(tmp_path / "m", "llama", d=8, H=4, Hkv=2)
-    with pytest.raises(P.PretrainedError, match="rotary.*rotary = 'drop'"):
-        P.load_heads(tmp_path / "m", 0)
+    lh = P.load_heads(tmp_path / "m", 0)
+    assert lh.rotary == particles.Rotary(10000.0, "half")
+    assert all(a.rotary == lh.rotary and a.mask == "causal" for a in lh.attention())
+    assert any("rotary position embeddings (rope_theta = 10000) carried" in s for s in lh.notes)
     lh = P.load_heads(tmp_path / "m", 0, rotary="drop")
-    assert any("rotary" in s for s in lh.notes)
+    assert lh.rotary is None and any("rotary" in s and "dropped" in s for s in lh.notes)
+    with pytest.raises(P.PretrainedError, match="rotary: expected one of 'keep', 'drop'"):
+        P.load_heads(tmp_path / "m", 0, rotary="refuse")
+
+
+def _rotate_half(v, theta):
+    """Hugging Face's rotary embedding written out: v * cos + rotate_half(v) * sin over the
+    last axis, position = row index (an independent reference for particles.Rotary)."""
+    n, dh = v.shape
+    inv = 1.0 / theta ** (np.arange(0, dh, 2) / dh)
+    ang = np.outer(np.arange(n), inv)
+    cos, sin = np.cos(np.concatenate([ang, ang], 1)), np.sin(np.concatenate([ang, ang], 1))
+    rot = np.concatenate([-v[:, dh // 2:], v[:, :dh // 2]], axis=1)
+    return v * cos + rot * sin
+
+
+def full_layer_output(t, layout, layer, x, d, H, Hkv=None, theta=10000.0):
+    """The attention layer with its biases and (llama) rotary positions, in each layout's own
+    convention: softmax((x W_q^T + b_q) (x W_k^T + b_k)^T / sqrt(d_h)) (x W_v^T + b_v) W_o^T + b_o."""
+    Hkv = Hkv or H
+    dh, n = d // H, x.shape[0]
+
+    def lin(name):   # nn.Linear: y = x W^T + b
+        return x @ t[name + ".weight"].T + t.get(name + ".bias", 0.0)
+    if layout == "bert":
+        b = f"encoder.layer.{layer}.attention."
+        q, k, v = lin(b + "self.query"), lin(b + "self.key"), lin(b + "self.value")
+        wo, bo = t[b + "output.dense.weight"], t.get(b + "output.dense.bias", 0.0)
+    elif layout == "gpt2":
+        qkv = x @ t[f"h.{layer}.attn.c_attn.weight"] + t.get(f"h.{layer}.attn.c_attn.bias", 0.0)
+        q, k, v = qkv[:, :d], qkv[:, d:2 * d], qkv[:, 2 * d:]
+        wo, bo = t[f"h.{layer}.attn.c_proj.weight"].T, t.get(f"h.{layer}.attn.c_proj.bias", 0.0)
+    else:
+        b = f"layers.{layer}.self_attn."
+        q, k, v = (lin(b + p + "_proj") for p in "qkv")
+        wo, bo = t[b + "o_proj.weight"], 0.0
+    heads = []
+    for h in range(H):
+        kv = h // (H // Hkv)
+        qh, kh = q[:, h * dh:(h + 1) * dh], k[:, kv * dh:(kv + 1) * dh]
+        if layout == "llama":
+            qh, kh = _rotate_half(qh, theta), _rotate_half(kh, theta)
+        s = qh @ kh.T / math.sqrt(dh)
+        if layout != "bert":
+            s = np.where(np.tril(np.ones((n, n), dtype=bool)), s, -np.inf)
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        heads.append((p / p.sum(axis=1, keepdims=True)) @ v[:, kv * dh:(kv + 1) * dh])
+    return np.concatenate(heads, axis=1) @ wo.T + bo
+
+
+@pytest.mark.parametrize("layout, H, Hkv", [("bert", 4, None), ("gpt2", 2, None), ("llama", 4, 2)])
+@pytest.mark.parametrize("geometry", ["flat", "sphere"])
+def test_velocity_with_biases_and_rotary_is_the_full_attention_layer(tmp_path, layout, H, Hkv,
+                                                                      geometry):
+    """One velocity evaluation with biases (query, key, value, output) and rotary positions
+    equals the layer's full attention output, to 1e-12 in float64 (on the sphere: its tangent
+    projection); the largest position-dependent rotary angle here is n - 1 = 8 radians."""
+    d, n = 8, 9
+    t = make_checkpoint(tmp_path / "m", layout, d=d, H=H, Hkv=Hkv, dtype=np.float64,
+                        llama_bias=True)
+    x = np.random.default_rng(7).standard_normal((n, d))
+    if geometry == "sphere":
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+    lh = P.load_heads(tmp_path / "m", 1)
+    assert all(h.has_biases for h in lh.heads)
+    want = full_layer_output(t, layout, 1, x, d, H, Hkv)
+    if geometry == "sphere":
+        want = want - np.sum(want * x, axis=1, keepdims=True) * x
+    sim = particles.Simulation(x, lh.heads, beta=1.0, rule="softmax", geometry=geometry,
+                               dtype="float64", attention=lh.attention())
+    assert sim.implementation == "plain"   # the pass that declares biases and rotary
+    err = np.max(np.abs(sim.velocity() - want))
+    assert err < 1e-12 * max(1.0, np.max(np.abs(want))), err
+    # dropping them is a different layer (the test can fail), and the module's reference agrees
+    plain = P.load_heads(tmp_path / "m", 1, biases="drop", rotary="drop")
+    assert np.max(np.abs(P.attention_reference(tmp_path / "m", 1, x) - full_layer_output(
+        t, layout, 1, x, d, H, Hkv))) < 1e-12
+    other = particles.Simulation(x, plain.heads, beta=1.0, rule="softmax", geometry=geometry,
+                                 dtype="float64", attention=plain.attention()).velocity()
+    assert np.max(np.abs(other - want)) > 1e-3
+
+
+def test_paths_without_biases_or_rotary_refuse_them_by_name(tmp_path):
+    make_checkpoint(tmp_path / "m", "llama", d=8, H=4, Hkv=2, llama_bias=True)
+    lh = P.load_heads(tmp_path / "m", 0)
+    x = np.random.default_rng(0).standard_normal((6, 8))
+    with pytest.raises(ValueError, match="path 'fused' cannot serve.*query/key/value biases or "
+                                         "rotary positions"):
+        particles.Simulation(x, lh.heads, rule="softmax", attention=lh.attention(), path="fused")
+    with pytest.raises(ValueError, match="entropy rate"):
+        particles.Simulation(x, lh.heads, rule="softmax", entropy_rate=True)
 
 
 def test_text_tokens_are_the_models_embeddings(tmp_path):
@@ -361,7 +465,28 @@ def test_scene_of_a_causal_model_gets_the_causal_mask(tmp_path):
     scene = _scene(tmp_path, layout="gpt2", tokens={"text": "a dog sat"})
     assert scene.data["heads"]["mask"] == "causal" and scene.n_heads == 4
     scene = _scene(tmp_path / "l", layout="llama", heads={"rotary": "drop"})
-    assert scene.data["heads"]["mask"] == "causal"
+    assert scene.data["heads"]["mask"] == "causal" and "rotary_theta" not in scene.data["heads"]
+
+
+def test_scene_of_a_llama_model_carries_rotary_and_biases_into_the_simulation(tmp_path):
+    """A pretrained scene keeps the layer's biases and rotary positions by default: the built
+    Simulation's first velocity is the layer's full attention output (on the sphere)."""
+    from particles.app.build import build_simulation
+    scene = _scene(tmp_path, layout="llama", heads={"layer": 0})
+    heads = scene.data["heads"]
+    assert (heads["rotary"], heads["biases"], heads["rotary_theta"], heads["rotary_pairs"]) == \
+        ("keep", "keep", 10000.0, "half")
+    sim = build_simulation(scene)
+    assert all(a.rotary == particles.Rotary(10000.0) for a in sim.attention)
+    lh = P.load_heads(tmp_path / "m", 0)
+    x = scene.build_tokens()
+    want = P.attention_reference(tmp_path / "m", 0, x)
+    want -= np.sum(want * x, axis=1, keepdims=True) * x
+    assert sim.implementation == "plain" and lh.rotary is not None
+    assert np.max(np.abs(sim.velocity() - want)) < 1e-5   # float32, the scene's dtype
+    from scenes import SceneError
+    with pytest.raises(SceneError, match=r"rotary_theta: is 500.0, but the model's layer gives 10000"):
+        _scene(tmp_path / "t", layout="llama", heads={"rotary_theta": 500.0})
 
 
 @pytest.mark.parametrize("heads, tokens, match", [
@@ -399,7 +524,9 @@ def test_cli_heads_writes_csv_and_figure(tmp_path, capsys):
     assert lines[0] == "layer,head,rank,asymmetry,value_alignment,max_overlap,min_angle_deg,rho_t0"
     assert len(lines) == 1 + 2 * 2
     assert (tmp_path / "o" / "heads.png").stat().st_size > 1000
-    assert "biases dropped" in capsys.readouterr().out
+    assert "biases carried" in capsys.readouterr().out
+    assert main(["heads", str(tmp_path / "m"), "--biases", "drop", "--out", str(tmp_path / "d")]) == 0
+    assert "biases dropped (biases = 'drop')" in capsys.readouterr().out
     assert main(["heads", str(tmp_path / "nothing")]) == 2
     assert "no such folder" in " ".join(capsys.readouterr().err.split())   # (wrapped by path length)
     (tmp_path / "e").mkdir()

@@ -11,6 +11,7 @@ from particles import validation
 from particles.errors import ParticlesUserError
 
 from particles.attention import Attention, alibi_slopes
+from particles.rotary import Rotary
 from particles.rules import get_rule, load_rule_file
 from particles.schedule import Layer, Schedule
 from particles.simulation import Simulation
@@ -148,7 +149,8 @@ def head_masks(entries, layer: dict, dyn: dict) -> list[str]:
 
 def head_attention(entries, layer: dict, dyn: dict, n_heads: int) -> list[Attention]:
     """Each head's Attention: its own keys, else its layer's, else [dynamics]' (mask, window,
-    rule; ALiBi slopes 2^(-8h/H) when alibi = true, unless the head gives alibi_slope)."""
+    rule; ALiBi slopes 2^(-8h/H) when alibi = true, unless the head gives alibi_slope; a
+    pretrained entry's rotary positions, rotary_theta and rotary_pairs, as its loader wrote them)."""
     entries = entries if isinstance(entries, (list, tuple)) else [entries]
     rule = layer.get("rule", dyn["rule"])
     masks = head_masks(entries, layer, dyn)
@@ -162,7 +164,9 @@ def head_attention(entries, layer: dict, dyn: dict, n_heads: int) -> list[Attent
             out.append(Attention(mask=masks[h],
                                  window=entry.get("window") if "mask" in entry else window,
                                  alibi=float(entry.get("alibi_slope", slopes[h])),
-                                 beta=entry.get("beta"), rule=entry.get("rule", rule)))
+                                 beta=entry.get("beta"), rule=entry.get("rule", rule),
+                                 rotary=Rotary(entry["rotary_theta"], entry["rotary_pairs"])
+                                 if "rotary_theta" in entry else None))
     return out
 
 

@@ -4,7 +4,8 @@ For every layer (or the ``--layer`` ones) and head: rank of M_h, asymmetry
 ||(M - M^T)/2||_F / ||(M + M^T)/2||_F, value alignment cos(V_h, M_h), the largest overlap
 ||M_h' M_h||_op with another head of the layer, the smallest principal angle between the
 ranges of M_h and another head's M_h', and (with ``--text``) the radial dominance rho_h at
-t = 0 on the text's embeddings (sphere, softmax, ``--beta``). Writes heads.csv and
+t = 0 on the text's embeddings (sphere, softmax, ``--beta``), the layer's biases and rotary
+positions carried (``--biases drop``, ``--rotary drop`` leave them out, and the notes say so). Writes heads.csv and
 heads.png / heads.svg in ``--out`` (each quantity on its own scale, the theory's value marked:
 asymmetry 0, value alignment 1 on a diverging map) and, with ``--text``, attention.png: each
 head's attention weights on the text at t = 0; prints the table and the layer's notes
@@ -33,13 +34,17 @@ def add_parser(sub) -> None:
     p.add_argument("--beta", type=float, default=1.0, help="beta for rho_h (default 1)")
     p.add_argument("--fold-layernorm", action="store_true",
                    help="fold the LayerNorm gain before each layer into W_Q, W_K, W_V")
-    p.add_argument("--rotary", choices=("refuse", "drop"), default="refuse",
-                   help="LLaMA: rotary embeddings cannot be carried; 'drop' leaves them out")
+    p.add_argument("--rotary", choices=("keep", "drop"), default="keep",
+                   help="LLaMA: rotary position embeddings carried (keep, the default) or left out")
+    p.add_argument("--biases", choices=("keep", "drop"), default="keep",
+                   help="query, key, value and output biases carried (keep, the default) or "
+                        "left out")
     p.add_argument("--out", metavar="DIR", help="output folder (default: heads-<model>)")
     p.set_defaults(func=cmd_heads)
 
 
-def table(model, layers=None, text=None, beta=1.0, fold_layernorm=False, rotary="refuse"):
+def table(model, layers=None, text=None, beta=1.0, fold_layernorm=False, rotary="keep",
+          biases="keep"):
     """(rows, notes per layer) for the layers of ``model``."""
     from particles import pretrained as P
     ck = P.open_checkpoint(model)
@@ -47,7 +52,7 @@ def table(model, layers=None, text=None, beta=1.0, fold_layernorm=False, rotary=
     x = P.text_tokens(ck, text).x if text else None
     rows, notes = [], {}
     for layer in layers:
-        lh = P.load_heads(ck, layer, fold_layernorm=fold_layernorm, rotary=rotary)
+        lh = P.load_heads(ck, layer, fold_layernorm=fold_layernorm, rotary=rotary, biases=biases)
         rows += P.head_table(lh, x, beta)
         notes[layer] = lh.notes
     return rows, notes, ck
@@ -104,21 +109,11 @@ def figure(rows, stem: Path, title: str):
     return save_png_svg(fig, stem)
 
 
-def attention_weights(head, x, beta: float, causal: bool = False):
-    """(n, n) weights softmax_j(beta <Q x_i, K x_j>) of one head on tokens x (n, d), from its
-    factors (no d x d matrix); a causal head sees j <= i only. Texts are short: n x n is small."""
-    import numpy as np
-    x = np.asarray(x, dtype=np.float64)
-    z = beta * (x @ np.asarray(head.query, float).T) @ (x @ np.asarray(head.key, float).T).T
-    if causal:
-        z = np.where(np.tril(np.ones(z.shape, dtype=bool)), z, -np.inf)
-    w = np.exp(z - z.max(axis=1, keepdims=True))
-    return w / w.sum(axis=1, keepdims=True)
-
-
-def attention_figure(ck, layers, text: str, beta: float, stem: Path, fold_layernorm=False, rotary="refuse"):
-    """attention.png: per head of each layer, the weights softmax_j(beta <Q_h x_i, K_h x_j>) on
-    the text's embeddings (on the sphere, as a text scene starts), tokens labelled with their
+def attention_figure(ck, layers, text: str, beta: float, stem: Path, fold_layernorm=False, rotary="keep",
+                     biases="keep"):
+    """attention.png: per head of each layer, the weights softmax_j(beta <q_i, k_j>) on the
+    text's embeddings (on the sphere, as a text scene starts; biases, rotary positions and
+    mask as the flow carries them, ``pretrained.attention_maps``), tokens labelled with their
     strings; the flow's attention at t = 0 for that beta. n x n per head: texts are short."""
     import numpy as np
     from particles import pretrained as P
@@ -126,7 +121,8 @@ def attention_figure(ck, layers, text: str, beta: float, stem: Path, fold_layern
     tokens = P.text_tokens(ck, text)
     x = np.asarray(tokens.x, dtype=np.float64)
     n = x.shape[0]
-    per_layer = [P.load_heads(ck, layer, fold_layernorm=fold_layernorm, rotary=rotary) for layer in layers]
+    per_layer = [P.load_heads(ck, layer, fold_layernorm=fold_layernorm, rotary=rotary, biases=biases)
+                 for layer in layers]
     most = max(len(lh.heads) for lh in per_layer)
     cols = min(most, 6)                      # 12 heads: two rows of six per layer
     rows_per_layer = math.ceil(most / cols)
@@ -137,12 +133,12 @@ def attention_figure(ck, layers, text: str, beta: float, stem: Path, fold_layern
     im = None
     for k, lh in enumerate(per_layer):
         row = grid[k * rows_per_layer:(k + 1) * rows_per_layer].ravel()
+        weights = P.attention_maps(lh, x, beta)[0]
         for h, ax in enumerate(row):
             if h >= len(lh.heads):
                 ax.set_axis_off()
                 continue
-            w = attention_weights(lh.heads[h], x, beta, lh.causal)
-            im = ax.imshow(w, cmap="magma_r", vmin=0.0, vmax=1.0, interpolation="nearest")
+            im = ax.imshow(weights[h], cmap="magma_r", vmin=0.0, vmax=1.0, interpolation="nearest")
             ax.set_title(f"layer {lh.layer} head {lh.indices[h]}", fontsize=8)
             small = n <= 24
             ax.set_xticks(range(n), labels if small else [], fontsize=5, rotation=90)
@@ -157,7 +153,7 @@ def cmd_heads(args) -> int:
     from particles import pretrained as P
     try:
         rows, notes, ck = table(args.model, args.layer, args.text, args.beta,
-                                args.fold_layernorm, args.rotary)
+                                args.fold_layernorm, args.rotary, args.biases)
     except P.PretrainedError as exc:
         raise ValueError(str(exc)) from None   # a user error: exit 2, one paragraph
     out = Path(args.out) if args.out else Path(f"heads-{Path(str(args.model)).name}")
@@ -167,7 +163,8 @@ def cmd_heads(args) -> int:
                    f" ({ck.layout}, {ck.n_layers} layers x {ck.n_heads} heads)")
     if args.text:
         paths = list(paths) + list(attention_figure(ck, sorted({r["layer"] for r in rows}), args.text, args.beta,
-                                                    out / "attention", args.fold_layernorm, args.rotary))
+                                                    out / "attention", args.fold_layernorm, args.rotary,
+                                                    args.biases))
     print("  ".join(f"{c:>15}" if i > 1 else f"{c:>5}" for i, c in enumerate(COLUMNS)))
     for r in rows:
         print("  ".join(f"{_fmt(r[c]):>15}" if i > 1 else f"{r[c]:>5}"
