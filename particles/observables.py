@@ -63,7 +63,7 @@ def assemble_rows(sim, step: int, red: np.ndarray, sumx: np.ndarray) -> list[dic
                 return float(r[K.tok_slot(h, slot), kind])
             att = attention[h]
             beta = float(att.beta if att.beta is not None else sim.betas[b])
-            if sim.scheduled or not att.has_potential:
+            if sim.scheduled or not att.has_potential or sim.heads[h].has_biases:
                 # no potential: masks, biases and positions break the symmetry it needs, and a
                 # schedule changes the field in time (docs/LOG.md)
                 energy = math.nan

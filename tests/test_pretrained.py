@@ -484,6 +484,13 @@ def test_scene_of_a_llama_model_carries_rotary_and_biases_into_the_simulation(tm
     want -= np.sum(want * x, axis=1, keepdims=True) * x
     assert sim.implementation == "plain" and lh.rotary is not None
     assert np.max(np.abs(sim.velocity() - want)) < 1e-5   # float32, the scene's dtype
+    # no potential with biases or rotary positions: the energy columns are NaN, and say why
+    from particles.app.summary import energy_note
+    rows = sim.run(1, every=1)
+    assert np.isnan(rows["energy_h0"][0]) and np.isfinite(rows["radial_shadow_h0"][0])
+    assert "every head: a causal mask, rotary positions;" in energy_note(sim)
+    bert = build_simulation(_scene(tmp_path / "b", heads={"layer": 0}))   # biases, no mask
+    assert "every head: query/key/value biases;" in energy_note(bert)
     from scenes import SceneError
     with pytest.raises(SceneError, match=r"rotary_theta: is 500.0, but the model's layer gives 10000"):
         _scene(tmp_path / "t", layout="llama", heads={"rotary_theta": 500.0})

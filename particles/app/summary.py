@@ -178,9 +178,12 @@ def energy_note(sim) -> str | None:
                 "potential exists (docs/LOG.md); radial shadows, entropies, clusters and T/C/R are logged")
     by_reason: dict[str, list[int]] = {}
     for h, a in enumerate(sim.attention):
-        if a.has_potential:
+        biased = sim.heads[h].has_biases
+        if a.has_potential and not biased:
             continue
         why = [w for w, on in (("a " + a.mask + " mask", a.masked), ("an ALiBi bias", a.alibi > 0),
+                               ("rotary positions", a.rotary is not None),
+                               ("query/key/value biases", biased),
                                ("a position-aware rule", a.rule.positional)) if on]
         by_reason.setdefault(", ".join(why) if why else f"rule {a.rule.name!r} has no potential", []).append(h)
     if not by_reason:
