@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .vocabulary import NORMALISATIONS
+
 # Size limits of the fused path: loops over components and ranks are unrolled at compile
 # time (12 s at d = 64 uncached).
 FUSED_MAX_RANK = 64
@@ -87,6 +89,7 @@ class Needs:
     rv: int
     dtype: str
     passes: tuple = ()
+    normalisation: str = "post"   # where the LayerNorm sits (particles.normalisation)
     head_terms: bool = False    # biases or rotary positions in some layer
 
 
@@ -131,6 +134,9 @@ class PathSpec:
     max_rank: int | None = None
     max_d: int | None = None
     implementations: tuple = field(default=())   # preferred first
+    # LayerNorm placements (particles.normalisation): transforms around a pair pass, so every
+    # path that calls one pass per evaluation serves them; the fused whole step only "post"
+    normalisations: frozenset = frozenset({"post"})
     head_terms: bool = False     # query/key/value biases and rotary positions
 
     def implementation_for(self, p: PassNeeds) -> Implementation:
@@ -147,6 +153,9 @@ class PathSpec:
             out.append("query/key/value biases or rotary positions")
         if needs.layers and not self.layers:
             out.append("schedules of layers")
+        if needs.normalisation not in self.normalisations:
+            out.append(f"normalisation {needs.normalisation!r} (a LayerNorm placement other than "
+                       "the paper's sphere, 'post'; the tiled and plain paths serve it)")
         if needs.entropy_rate and not self.entropy_rate:
             out.append("the entropy rate")
         if self.cpu_only and needs.arch != "cpu":
@@ -162,6 +171,7 @@ _RULE_WORDS = {"exponential": "exp/softmax", "kernel": "k(z)", "positional": "k(
 _ALL_RULES = frozenset(RULE_KINDS)
 
 _EXP = frozenset({"exponential"})
+_NORMALISATIONS = frozenset(NORMALISATIONS)
 _PER_KERNEL = frozenset({"q", "k", "u", "g", "f", "row"})
 # the implementations, each registered by its kernel module under its name
 FUSED = Implementation("fused", frozenset({"exponential", "kernel"}), steps=True)  # kernels_fused
@@ -180,9 +190,9 @@ SPECS = (
              entropy_rate=False, cpu_only=True, max_rank=FUSED_MAX_RANK, max_d=FUSED_MAX_D,
              implementations=(FUSED,)),
     PathSpec("tiled", rules=_ALL_RULES, positions=True, layers=True, entropy_rate=True, cpu_only=False,
-             implementations=(WIDE, FAST, GPU, PLAIN), head_terms=True),
+             implementations=(WIDE, FAST, GPU, PLAIN), head_terms=True, normalisations=_NORMALISATIONS),
     PathSpec("plain", rules=_ALL_RULES, positions=True, layers=True, entropy_rate=True, cpu_only=False,
-             implementations=(PLAIN,), head_terms=True),
+             implementations=(PLAIN,), head_terms=True, normalisations=_NORMALISATIONS),
 )
 SPEC = {s.name: s for s in SPECS}
 IMPLEMENTATIONS = {i.name: i for s in SPECS for i in s.implementations}

@@ -9,6 +9,7 @@ import taichi as ti
 from . import attention as attention_mod
 from . import backend, kernels, kernels_fused, kernels_gpu, kernels_wide, paths  # each registers its implementations
 from . import display, head_terms
+from . import normalisation as normalisation_mod
 from .attention import Attention
 from .clock import step_time
 from .drive import AT_END, Every, Rows, drive
@@ -129,9 +130,11 @@ class Simulation:
     def __init__(self, tokens, heads: Sequence, beta=1.0, rule: str | Rule = "exp",
                  geometry: str = "sphere", dt: float = 0.01, integrator: str | ExplicitRK = "rk4",
                  dtype: str = "float32", arch: str = "cpu", entropy_rate: bool = False,
-                 batch: int = 64, path: str = "auto", attention=None):
+                 batch: int = 64, path: str = "auto", attention=None,
+                 normalisation: str = "post", ngpt_alpha: float = 1.0):
         self._blown_up = None  # the BlowUpError message while the state is not finite
         geometry = validation.choice("geometry", geometry, GEOMETRIES)
+        self.normalisation, self.ngpt_alpha = normalisation_mod.check(normalisation, geometry, ngpt_alpha)
         dtype = validation.choice("dtype", dtype, DTYPES)
         method = get_integrator(integrator)
         path = validation.choice("path", path, ("auto", "fused", "tiled", "plain"))
@@ -144,7 +147,7 @@ class Simulation:
                           f"tokens of shape {np.shape(tokens)} ({n_heads} heads, {dtype})")
         x, _ = validation.tokens(tokens, dtype, geometry=geometry)
         dt = validation.positive("dt", dt, dtype)
-        if geometry == "sphere":
+        if geometry == "sphere" and self.normalisation not in normalisation_mod.RADIAL:
             x = x / np.linalg.norm(x, axis=-1)[..., None]
         betas = validation.betas(beta, R, dtype)
         if rule is not None and not isinstance(rule, (str, Rule)):
@@ -186,6 +189,9 @@ class Simulation:
             raise ValueError("the entropy rate (Theorem 27) is computed for one layer of unmasked, "
                              "unbiased heads with the run's rule and beta; switch it off for masks, "
                              "biases, per-head rules or betas and schedules")
+        if self.entropy_rate_enabled and self.normalisation != "post":
+            raise ParticlesUserError(f"the entropy rate (Theorem 27) is the sphere's (normalisation "
+                                     f"'post'); switch it off for normalisation {self.normalisation!r}")
         self.step_count = 0
         self.arch = backend.init(arch)
         validation.pair_guard(n, n_heads, R, self.arch, d=d)   # before anything is compiled or run
@@ -219,7 +225,8 @@ class Simulation:
         self.plan = paths.choose(path, paths.Needs(
             rules=frozenset(paths.rule_kind(u) for u in rules_used), positions=not self.plain and not self.scheduled,
             layers=self.scheduled, entropy_rate=self.entropy_rate_enabled, arch=self.arch,
-            n=n, d=d, H=H, r=r, rv=rv, dtype=dtype, passes=pass_needs, head_terms=any(layer_terms)))
+            n=n, d=d, H=H, r=r, rv=rv, dtype=dtype, passes=pass_needs, head_terms=any(layer_terms),
+            normalisation=self.normalisation))
         self.path = self.plan.path
         implementations = iter(self.plan.implementations * (not self.plan.steps))
         self._layers = [_LayerState(hs, att, f, geometry, dtype, d, r, rv, R, n, self.entropy_rate_enabled,
@@ -257,11 +264,20 @@ class Simulation:
         # the fused kernel keeps its own
         self._slopes = [self._xdot] + [arr(R, n, d) for _ in range(
             0 if self._fused is not None else self.integrator.slope_buffers - 1)]
+        self._placement = None if self.normalisation == "post" else normalisation_mod.Placement(
+            self.normalisation, self.ngpt_alpha, R, n, d, dtype, self._batch, arr)
         self._ops = _Operations(self)
+        if self._placement is not None:
+            self._ops.retract = self._placement.retract(self._kern)
         self._warm_up()
 
     # -- what the integrators' operations object calls --------------------------------------
     def _evaluate(self, x, xdot, observe: bool) -> None:
+        if self._placement is not None:  # a LayerNorm placement: transforms around the pass
+            return self._placement.evaluate(self, x, xdot, observe)
+        self._evaluate_at(x, xdot, observe)
+
+    def _evaluate_at(self, x, xdot, observe: bool) -> None:
         kern = self._kern
         for _, head_pass, hint in self._passes:  # one pass per distinct rule of the layer
             head_pass(x, self._operands, hint, observe)
@@ -289,6 +305,8 @@ class Simulation:
             kern.entropy_rate(self._q, self._k, self._qd, self._kd, self._beta, self._row, self._tok)
         slot = len(self._pending)
         kern.reduce(self._tok, self._x, self._red, self._sumx, slot)
+        if self._placement is not None:
+            self._placement.observe(self._x, slot)
         self._pending.append((self.step_count, slot))
         if len(self._pending) == self._batch:
             self._flush()
@@ -375,7 +393,8 @@ class Simulation:
         rows = Rows(Every(every) | AT_END)
         keep = None
         meta = {"n": self.n, "d": self.d, "n_heads": self.n_heads, "rule": self.rule.name,
-                "beta": self.betas.tolist(), "geometry": self.geometry, "dt": self.dt}
+                "beta": self.betas.tolist(), "geometry": self.geometry, "dt": self.dt,
+                "normalisation": self.normalisation}
         if trajectory_every:
             keep = token_keeper(validation.step_count("trajectory_every", trajectory_every, 1), self.ensemble, meta)
         bar = [progress_bar(steps)] if progress else []
@@ -502,8 +521,12 @@ class Simulation:
         count = len(self._pending)
         red = self._red.to_numpy()[:count].astype(np.float64)
         sumx = self._sumx.to_numpy()[:count, :, :, 0].astype(np.float64)
+        radius = None if self._placement is None else self._placement.radius_rows()
         for (step, slot) in self._pending:
-            self._rows.extend(assemble_rows(self, step, red[slot], sumx[slot]))
+            rows = assemble_rows(self, step, red[slot], sumx[slot])
+            if radius is not None:
+                normalisation_mod.Placement.add_radius(rows, radius[slot])
+            self._rows.extend(rows)
         self._pending = []
 
     def _advance_fused(self, steps: int, every: int) -> None:
@@ -543,6 +566,8 @@ class Simulation:
             kern.project(self._xdot, self._Q, self._K, self._W, self._qd, self._kd, self._ud)
             kern.entropy_rate(self._q, self._k, self._qd, self._kd, self._beta, self._row, self._tok)
         kern.reduce(self._tok, self._x, self._red, self._sumx, 0)
+        if self._placement is not None:
+            self._placement.observe(self._x, 0)
         kern.axpy(self._stage_x, self._x, 0.0, self._xdot)
         kern.accumulate(self._stage_acc, 1.0, self._xdot, 1)
         kern.accumulate(self._stage_acc, 1.0, self._xdot, 0)

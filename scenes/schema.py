@@ -18,7 +18,7 @@ import numpy as np
 
 from particles.integrators import INTEGRATORS
 from particles import validation
-from particles.vocabulary import ARCHES, BUILTIN_RULES, DTYPES, GEOMETRIES, MASKS
+from particles.vocabulary import ARCHES, BUILTIN_RULES, DTYPES, GEOMETRIES, MASKS, NORMALISATIONS
 
 from . import configurations, head_builders, pretrained_keys
 
@@ -55,7 +55,8 @@ VALUES = head_builders.VALUE_MODES
 INTEGRATOR_NAMES = tuple(sorted(INTEGRATORS, key=lambda name: name != "rk4"))
 MAX_STEPS = validation.MAX_STEPS   # one limit for the scene loader and the API
 DYNAMICS_KEYS = ("geometry", "rule", "rule_file", "beta", "betas", "dt", "steps", "t_end",
-                 "integrator", "dtype", "arch", "mask", "window", "alibi", "layer_every")
+                 "integrator", "dtype", "arch", "mask", "window", "alibi", "layer_every",
+                 "normalisation", "ngpt_alpha")
 LAYER_KEYS = ("start", "heads", "rule", "mask", "window", "alibi")
 LOG_KEYS = ("every", "energy", "radial", "entropy", "entropy_rate", "clusters_every",
             "cluster_threshold", "trajectory_every")
@@ -681,7 +682,22 @@ def _dynamics(problems, raw, base_dir: Path, replicas) -> dict:
     sec.take("alibi", boolean(), False)
     if sec.has("layer_every"):
         sec.take("layer_every", number(0, lo_open=True))
+    _normalisation_keys(sec)
     return {k: sec.out[k] for k in DYNAMICS_KEYS if k in sec.out}
+
+
+def _normalisation_keys(sec) -> None:
+    """Where the LayerNorm sits (particles.normalisation); stored only when given, so a scene
+    without them keeps its fingerprint."""
+    if sec.has("normalisation"):
+        placement = sec.take("normalisation", choice(*NORMALISATIONS))
+        if placement not in (MISSING, "post") and sec.out.get("geometry") != "sphere":
+            sec.problem("normalisation", f"'{placement}' places a LayerNorm, which needs geometry = "
+                                         "'sphere' (flat space has no normalisation)")
+    if sec.has("ngpt_alpha"):
+        sec.take("ngpt_alpha", number(0, lo_open=True))
+        if sec.out.get("normalisation") != "ngpt":
+            sec.problem("ngpt_alpha", "nGPT's step scale applies only with normalisation = 'ngpt'")
 
 
 # ----------------------------------------------------------------------------- [[layers]]

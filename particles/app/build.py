@@ -137,7 +137,8 @@ def build_simulation(scene, *, tokens=None, heads=None, beta=None, entropy_rate=
         attention = None
     return Simulation(tokens, heads, beta=beta, rule=rule, geometry=dyn["geometry"], dt=dyn["dt"],
                       integrator=dyn["integrator"], dtype=dyn["dtype"], arch=dyn["arch"],
-                      entropy_rate=entropy_rate, attention=attention)
+                      entropy_rate=entropy_rate, attention=attention,
+                      normalisation=dyn.get("normalisation", "post"), ngpt_alpha=dyn.get("ngpt_alpha", 1.0))
 
 
 def head_masks(entries, layer: dict, dyn: dict) -> list[str]:

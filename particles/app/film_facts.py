@@ -55,6 +55,7 @@ def film_facts(scene, heads, beta: float) -> dict:
     alibi_slopes   the heads' ALiBi slopes m_h, when any is non-zero
     """
     data, dyn = scene.data, scene.dynamics
+    placement = data["dynamics"].get("normalisation", "post")   # the LayerNorm's place
     sphere = dyn.geometry == "sphere"
     plain = _plain(scene)
     lambdas = scalar_strengths(heads) if plain else None
@@ -62,7 +63,7 @@ def film_facts(scene, heads, beta: float) -> dict:
     if lambdas is not None and len(lambdas) >= 2 and sphere:
         facts["c_star"] = float(theory.c_star(len(lambdas)))
     tokens = data["tokens"]
-    if (lambdas is not None and sphere and tokens.get("init") == "equiangular"
+    if (lambdas is not None and sphere and placement == "post" and tokens.get("init") == "equiangular"
             and not tokens.get("noise") and dyn.rule in ("softmax", "exp")):
         n, gamma0 = int(tokens["n"]), float(tokens.get("gamma", 0.0))
         times = np.linspace(0.0, t_end(scene), ODE_POINTS)
@@ -76,7 +77,7 @@ def film_facts(scene, heads, beta: float) -> dict:
                            "ODE, equal heads (" + ", ".join(f"{v:g}" for v in equal) + ")"))
         facts["theory"] = {"gamma_bar": curves}
     facts["gradient_flow"] = bool(
-        plain and dyn.rule == "exp"
+        plain and dyn.rule == "exp" and placement == "post"
         and all(np.allclose(h.score, h.score.T, atol=1e-9) and np.allclose(h.value, h.score, atol=1e-9)
                 for h in heads))
     if not data.get("layers"):

@@ -32,6 +32,7 @@ from particles import __version__, machine, tuning, validation
 from particles.backend import ArchError
 from particles.drive import Driver, Stopped
 from particles.observables import columns
+from particles.normalisation import RADIAL, RADIUS_COLUMNS
 from particles.output import RunFileError, atomic_write_text, chunk_name, refuse_link, remove_file, write_json
 from particles.simulation import BlowUpError
 
@@ -249,9 +250,15 @@ class Runner:
         groups = tuple(g for g in ("energy", "radial", "entropy") if getattr(log, g))
         self.columns = columns(sim.n_heads, sim.entropy_rate_enabled, clusters_every > 0,
                                sim.ensemble, groups, layer=sim.scheduled)
+        if sim.normalisation in RADIAL:   # each token's radius is state: logged
+            self.columns += list(RADIUS_COLUMNS)
         note = energy_note(sim)
         if note and "energy" in groups:
             echo(f"note: {note}")
+        if sim.normalisation != "post" and "energy" in groups:
+            echo(f"note: normalisation {sim.normalisation!r}: energy is that of the directions "
+                 "x_i/|x_i| (docs/MODEL.md), kinetic the state's own mean |xdot_i|^2; dE/dt = kinetic "
+                 "(Theorem 11) holds for 'post' only")
         self.summary = Summary(sim.n_heads, 1e-5 if sim.dtype == "float32" else 1e-10, self.log_every,
                                energy_note=note, geometry=sim.geometry)
 

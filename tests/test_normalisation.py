@@ -1,0 +1,142 @@
+"""LayerNorm placements (particles.normalisation; docs/MODEL.md "Normalisation placements")
+against an independent float64 NumPy reference written here: the velocity, RK4 steps and the
+logged radius, energy and kinetic columns, on every path that declares the placements."""
+import numpy as np
+import pytest
+
+from particles import Simulation, paths
+from particles.errors import ParticlesUserError
+
+PLACEMENTS = ("pre", "peri", "ngpt")
+ALPHA = {"pre": 1.0, "peri": 1.0, "ngpt": 0.7}
+# the paths that declare the placements (paths.SPECS), each with the pair pass it runs here
+SERVING = [s.name for s in paths.SPECS if "pre" in s.normalisations]
+
+
+def _pull(y, heads, beta, rule):
+    """v_i = sum_h sum_j w^h_ij V_h y_j at the directions y (n x n matrices: the reference)."""
+    v = np.zeros_like(y)
+    for M, V in heads:
+        z = beta * (y @ M @ y.T)
+        if rule == "softmax":
+            w = np.exp(z - z.max(axis=1, keepdims=True))
+            w /= w.sum(axis=1, keepdims=True)
+        elif rule == "relu":                    # max(z, 0) / n
+            w = np.maximum(z, 0) / len(y)
+        else:                                   # exp: e^z / n
+            w = np.exp(z) / len(y)
+        v += w @ (y @ V.T)
+    return v
+
+
+def reference_velocity(x, heads, beta, rule, placement, alpha=1.0):
+    y = x / np.linalg.norm(x, axis=-1, keepdims=True)
+    v = _pull(y, heads, beta, rule)
+    if placement == "pre":
+        return v
+    u = v / np.linalg.norm(v, axis=-1, keepdims=True)
+    if placement == "peri":
+        return u
+    return alpha * (u - np.sum(u * y, axis=-1, keepdims=True) * y)   # ngpt
+
+
+def reference_rk4(x, heads, beta, rule, placement, alpha, dt, steps):
+    f = lambda p: reference_velocity(p, heads, beta, rule, placement, alpha)  # noqa: E731
+    for _ in range(steps):
+        k1 = f(x)
+        k2 = f(x + 0.5 * dt * k1)
+        k3 = f(x + 0.5 * dt * k2)
+        k4 = f(x + dt * k3)
+        x = x + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+        if placement == "ngpt":
+            x = x / np.linalg.norm(x, axis=-1, keepdims=True)
+    return x
+
+
+def _system(seed=3, n=10, d=4):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d)) * rng.uniform(0.5, 2.0, size=(n, 1))   # radii far from 1
+    heads = [(rng.normal(size=(d, d)) / 2, rng.normal(size=(d, d)) / 2) for _ in range(2)]
+    return x, heads
+
+
+@pytest.mark.parametrize("path", SERVING)
+@pytest.mark.parametrize("rule", ["softmax", "exp"])
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_velocity_and_rk4_steps_match_the_float64_reference(placement, rule, path):
+    x, heads = _system()
+    beta, dt, steps = 1.3, 0.02, 4
+    alpha = ALPHA[placement]
+    sim = Simulation(x, heads, beta=beta, rule=rule, dtype="float64", path=path, dt=dt,
+                     normalisation=placement, ngpt_alpha=alpha)
+    assert sim.path == path
+    start = x / np.linalg.norm(x, axis=-1, keepdims=True) if placement == "ngpt" else x
+    np.testing.assert_allclose(sim.tokens, start, rtol=0, atol=1e-15)   # pre/peri keep radii
+    want = reference_velocity(start, heads, beta, rule, placement, alpha)
+    np.testing.assert_allclose(sim.velocity(), want, rtol=0, atol=1e-12)
+    sim.advance(steps)
+    want = reference_rk4(start, heads, beta, rule, placement, alpha, dt, steps)
+    np.testing.assert_allclose(sim.tokens, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("rule, n, dtype, implementation, atol", [
+    ("relu", 10, "float64", "plain", 1e-12),      # a k(z) rule: the plain pass on the tiled path
+    ("softmax", 512, "float32", "wide", 2e-5),    # the wide pass from n = 512
+])
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_every_pair_pass_implementation_serves_the_placements(placement, rule, n, dtype,
+                                                              implementation, atol):
+    x, heads = _system(seed=7, n=n, d=3)
+    sim = Simulation(x, heads, beta=0.8, rule=rule, dtype=dtype, normalisation=placement,
+                     ngpt_alpha=ALPHA[placement])
+    assert (sim.path, sim.implementation) == ("tiled", implementation)
+    start = sim.tokens          # as the dtype holds them
+    want = reference_velocity(start, heads, 0.8, rule, placement, ALPHA[placement])
+    np.testing.assert_allclose(sim.velocity(), want, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_logged_radius_energy_and_kinetic_are_those_of_the_reference(placement):
+    x, _ = _system(seed=5, n=9, d=3)
+    M = np.diag([1.0, 0.6, 0.3])     # symmetric, V = M: Theorem 11's energy of the directions
+    heads, beta = [(M, M)], 1.5
+    sim = Simulation(x, heads, beta=beta, rule="exp", dtype="float64", normalisation=placement,
+                     ngpt_alpha=ALPHA[placement])
+    res = sim.run(2, every=2)
+    state = reference_rk4(x if placement != "ngpt" else x / np.linalg.norm(x, axis=-1, keepdims=True),
+                          heads, beta, "exp", placement, ALPHA[placement], sim.dt, 2)
+    y = state / np.linalg.norm(state, axis=-1, keepdims=True)
+    n = len(y)
+    energy = np.exp(beta * (y @ M @ y.T)).sum() / (2 * beta * n * n)
+    xdot = reference_velocity(state, heads, beta, "exp", placement, ALPHA[placement])
+    assert res["energy"][-1] == pytest.approx(energy, rel=1e-12)
+    assert res["kinetic"][-1] == pytest.approx(np.mean(np.sum(xdot ** 2, axis=1)), rel=1e-12)
+    radius = np.linalg.norm(state, axis=-1)
+    if placement in ("pre", "peri"):
+        got = [res[c][-1] for c in ("radius_mean", "radius_min", "radius_max")]
+        np.testing.assert_allclose(got, [radius.mean(), radius.min(), radius.max()], rtol=1e-13)
+        assert radius.max() - radius.min() > 0.5     # the radii are state, not ones
+    else:
+        assert "radius_mean" not in res.columns
+        np.testing.assert_allclose(radius, 1.0, atol=1e-14)
+
+
+def test_the_default_is_the_papers_sphere_and_the_fused_path_refuses_the_others():
+    x, heads = _system(n=6, d=3)
+    assert Simulation(x, heads, dtype="float64").normalisation == "post"
+    assert Simulation(x, heads, dtype="float64", normalisation="pre").path == "tiled"  # auto
+    with pytest.raises(ValueError, match=r"path 'fused' cannot serve .*normalisation 'peri'"):
+        Simulation(x, heads, dtype="float64", path="fused", normalisation="peri")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(normalisation="mid"), r"normalisation must be one of \('post', 'pre', 'peri', 'ngpt'\)"),
+    (dict(normalisation="pre", geometry="flat"), r"needs geometry 'sphere'"),
+    (dict(normalisation="pre", ngpt_alpha=0.5), r"ngpt_alpha .* applies only with normalisation 'ngpt'"),
+    (dict(normalisation="ngpt", ngpt_alpha=0.0), r"ngpt_alpha must be a positive finite number"),
+    (dict(normalisation="peri", entropy_rate=True, rule="softmax"), r"entropy rate .* normalisation 'peri'"),
+])
+def test_bad_placements_are_refused_clearly(kwargs, message):
+    x, heads = _system(n=5, d=3)
+    with pytest.raises(ParticlesUserError, match=message):
+        Simulation(x, heads, dtype="float64", **kwargs)
