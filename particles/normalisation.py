@@ -126,12 +126,13 @@ class Placement:
         self.y = arr(R, n, d)   # the directions of the point being evaluated
         self.radius = ti.ndarray(ti.f64, shape=(batch, R, 3)) if self.radial else None
 
-    def evaluate(self, sim, x, xdot, observe: bool) -> None:
-        """The placement's velocity at x: the pass and combine at the directions, then the
-        per-token transform of the pull (the head outputs f the pass left)."""
+    def evaluate(self, x, xdot, observe: bool, pass_at, f, tok) -> None:
+        """The placement's velocity at x: ``pass_at`` (the pair passes and combine) at the
+        directions, then the per-token transform of the pull from the head outputs f it left;
+        tok: the per-token observables (the kinetic slot)."""
         self._directions(x, self.y)
-        sim._evaluate_at(self.y, xdot, observe)
-        self._transform(self.y, sim._f, xdot, sim._tok, self.kind, self.alpha, observe)
+        pass_at(self.y, xdot, observe)
+        self._transform(self.y, f, xdot, tok, self.kind, self.alpha, observe)
 
     def retract(self, kern):
         """The step's retraction: the sphere's for nGPT; none where the radius is state."""

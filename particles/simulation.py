@@ -274,7 +274,7 @@ class Simulation:
     # -- what the integrators' operations object calls --------------------------------------
     def _evaluate(self, x, xdot, observe: bool) -> None:
         if self._placement is not None:  # a LayerNorm placement: transforms around the pass
-            return self._placement.evaluate(self, x, xdot, observe)
+            return self._placement.evaluate(x, xdot, observe, self._evaluate_at, self._f, self._tok)
         self._evaluate_at(x, xdot, observe)
 
     def _evaluate_at(self, x, xdot, observe: bool) -> None:

@@ -150,3 +150,64 @@ def eps_of_tokens(x) -> np.ndarray:
 
 __all__ = ["c_star", "beta_star", "rho_orthonormal", "rho_crossing_beta", "phi", "lambda_c",
            "equiangular_rhs", "equiangular_time", "eps_of_tokens"]
+
+
+# ----------------------------------------------------------------- normalisation placements
+# The equiangular reduction under a LayerNorm placement (docs/MODEL.md, "Normalisation
+# placements"): scalar heads, every token's direction moves along P_theta A at the placement's
+# speed s, all tokens sharing one radius r (r = 1 at t = 0).
+LATE_CONTRACTION = {   # eps(t) late on: kind and exponent (docs/MODEL.md)
+    "post": "exp(-2 Lambda t)", "ngpt": "exp(-2 alpha t)", "pre": "t^-2 (r^-2, r ~ Lambda t)",
+    "peri": "t^-2 (r^-2, r ~ t)"}
+
+
+def _equiangular_pull(gamma: float, strengths, beta: float, n: int, rule: str):
+    """(<theta_i, A_i>, |A_i|, post-LN dgamma/dt) at an equiangular state of unit tokens."""
+    lam = np.asarray(strengths, dtype=np.float64)
+    if rule == "softmax":
+        other = 1.0 / (np.exp(beta * lam * (1.0 - gamma)) + (n - 1.0))
+        own = np.exp(beta * lam * (1.0 - gamma)) * other
+    elif rule == "exp":
+        other, own = np.exp(beta * lam * gamma) / n, np.exp(beta * lam) / n
+    else:
+        raise ValueError("the equiangular ODE is known for rules 'softmax' and 'exp'")
+    c, e = float(np.sum(lam * own)), float(np.sum(lam * other))   # A_i = c theta_i + e sum_{j!=i} theta_j
+    radial = c + e * (n - 1.0) * gamma
+    norm = math.sqrt(max(c * c + 2 * c * e * (n - 1.0) * gamma + e * e * (n - 1.0) * (1.0 + (n - 2.0) * gamma), 0.0))
+    return radial, norm, 2.0 * e * (1.0 - gamma) * (1.0 + (n - 1.0) * gamma)
+
+
+def equiangular_placement_rhs(gamma: float, radius: float, strengths, beta: float, n: int,
+                              rule: str = "softmax", placement: str = "post", alpha: float = 1.0):
+    """(dgamma/dt, dr/dt): post s = 1; pre s = 1/r, rdot = <theta, A>; peri s = 1/(r |A|),
+    rdot = <theta, A>/|A|; ngpt s = alpha/|A| (r = 1)."""
+    radial, norm, rate = _equiangular_pull(gamma, strengths, beta, n, rule)
+    if placement == "post":
+        return rate, 0.0
+    if placement == "pre":
+        return rate / radius, radial
+    if placement == "peri":
+        return rate / (radius * norm), radial / norm
+    if placement == "ngpt":
+        return alpha * rate / norm, 0.0
+    raise ValueError(f"unknown placement {placement!r}")
+
+
+def equiangular_placement_curve(gamma0: float, lambdas, beta: float, n: int, times, rule: str = "softmax",
+                                placement: str = "post", alpha: float = 1.0, max_step: float = 1e-3):
+    """(gamma, r) at the given increasing times from (gamma0, 1), by classical RK4 with steps
+    <= max_step (the engine integrates n tokens; this integrates two numbers)."""
+    times = np.asarray(times, dtype=np.float64)
+    out = np.empty((len(times), 2))
+    y, t = np.array([float(gamma0), 1.0]), 0.0
+    f = lambda p: np.array(equiangular_placement_rhs(p[0], p[1], lambdas, beta, n, rule,  # noqa: E731
+                                                     placement, alpha))
+    for k, target in enumerate(times):
+        steps = max(1, int(math.ceil((target - t) / max_step - 1e-12))) if target > t else 0
+        h = (target - t) / steps if steps else 0.0
+        for _ in range(steps):
+            k1 = f(y); k2 = f(y + 0.5 * h * k1); k3 = f(y + 0.5 * h * k2); k4 = f(y + h * k3)
+            y = y + h / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
+        t = target
+        out[k] = y
+    return out[:, 0], out[:, 1]

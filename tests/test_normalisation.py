@@ -140,3 +140,25 @@ def test_bad_placements_are_refused_clearly(kwargs, message):
     x, heads = _system(n=5, d=3)
     with pytest.raises(ParticlesUserError, match=message):
         Simulation(x, heads, dtype="float64", **kwargs)
+
+
+@pytest.mark.parametrize("placement", ("post",) + PLACEMENTS)
+def test_equiangular_start_follows_the_reduced_ode_of_its_placement(placement):
+    """Orthonormal tokens (gamma = 0) under scalar softmax heads stay equiangular with one
+    radius: the engine's n tokens against theory's two-number ODE (docs/MODEL.md)."""
+    from particles import theory
+    n, lambdas, beta, alpha = 8, (1.0, 0.5), 1.5, ALPHA.get(placement, 1.0)
+    heads = [(lam * np.eye(n), lam * np.eye(n)) for lam in lambdas]
+    sim = Simulation(np.eye(n), heads, beta=beta, rule="softmax", dtype="float64", dt=0.01,
+                     normalisation=placement, ngpt_alpha=alpha)
+    res = sim.run(150, every=50)
+    gamma, radius = theory.equiangular_placement_curve(0.0, lambdas, beta, n, res["time"], "softmax",
+                                                       placement, alpha, max_step=1e-3)
+    np.testing.assert_allclose(res["gamma_bar"], gamma, rtol=0, atol=1e-9)
+    if placement in ("pre", "peri"):
+        np.testing.assert_allclose(res["radius_mean"], radius, rtol=1e-9)
+        np.testing.assert_allclose(res["radius_max"] - res["radius_min"], 0, atol=1e-12)
+    if placement == "post":   # the reduction's post case is Theorem 22's ODE
+        np.testing.assert_allclose(gamma, theory.equiangular_curve(0.0, lambdas, beta, n, res["time"]),
+                                   rtol=0, atol=1e-13)
+    assert gamma[-1] > 0.2    # the tokens did move
