@@ -12,6 +12,8 @@ did.
   row energy) for exponential rules;
 - the rule lift: k(z) or k(z, i, j, n) and the potential, for kernel rules, and their
   entropy accumulated relative to the row's largest weight (no cancellation in float32);
+- the per-token observables of a state (kinetic, and per head T, C, R, |R|, a, entropy, row
+  energy), over one token or L tokens in lanes, the layout's reads and writes passed in;
 - the column reduction of a per-token observable over tokens (float64, fixed order).
 """
 
@@ -19,7 +21,8 @@ import math
 
 import taichi as ti
 
-from .layout import SLOT_ROW_ENERGY, SLOTS_PER_HEAD
+from .layout import SLOT_CROSS, SLOT_ENTROPY, SLOT_KINETIC, SLOT_RADIAL, SLOT_RADIAL_ABS_PAIR, \
+    SLOT_RADIAL_PAIR, SLOT_ROW_ENERGY, SLOT_TANGENT, SLOTS_PER_HEAD
 
 CLAMP = -30.0  # float32 weights below e^-30 relative to the row maximum are rounded up to it
 EXP_SQUARINGS = 5  # the float32 vector exp squares e^(z / 32): |z / 32| <= 0.94 for z >= CLAMP
@@ -220,6 +223,65 @@ def kernel_entropy(real):
         return entropy
 
     return entropy_rebase, row_entropy_of_kernel
+
+
+# -- the per-token observables ---------------------------------------------------------------------
+def token_observables(H: int, d: int, sphere: bool, zero, absolute, head_output, point, radial_shadow,
+                      row_stat, store):
+    """A ti.func observe(f, y, radial, row, tok, b, i, n, v_radial, kinetic) writing the
+    per-token observables of token i of replica b at the point y (``layout``'s SLOT_*):
+    kinetic |xdot_i|^2 (summed by the caller as it writes xdot, with v_radial = sum_h a^h_i),
+    and per head h: a^h = <f^h, x> (radial shadow), T = |P f^h|^2, C = sum_{h' != h} <f^h, f^h'>,
+    R = a^h sum_{h' != h} a^h' and |a^h| sum_{h' != h} |a^h'| (zero in flat space), the row's
+    entropy and energy.
+
+    Written once over a value type: one token in scalars (``kernels.combine``) or L tokens in
+    the lanes of a vector (the fused kernel), whose layouts pass their reads and writes:
+    zero() and absolute(v) of the value type, head_output(f, b, h, i, e), point(y, b, i, e),
+    radial_shadow(radial, b, h, i) (a^h as the velocity's finish computed it: recomputed, its
+    sum was reassociated differently by LLVM's fast math), row_stat(row, b, h, i, k) (k = 0 the
+    row entropy, 1 the row energy) and store(tok, b, i, n, slot, value)."""
+
+    @ti.func
+    def tok_slot(h, s):  # layout.tok_slot
+        return 1 + h * SLOTS_PER_HEAD + s
+
+    @ti.func
+    def observe(f: ti.template(), y: ti.template(), radial: ti.template(), row: ti.template(),
+                tok: ti.template(), b, i, n, v_radial, kinetic):
+        abs_sum = zero()
+        for h in range(H):
+            abs_sum += absolute(radial_shadow(radial, b, h, i))
+        store(tok, b, i, n, SLOT_KINETIC, kinetic)
+        for h in range(H):
+            ah = radial_shadow(radial, b, h, i)
+            tangent = zero()
+            for e in ti.static(range(d)):
+                pe = head_output(f, b, h, i, e)
+                if ti.static(sphere):
+                    pe = pe - ah * point(y, b, i, e)
+                tangent += pe * pe
+            cross = zero()
+            for h2 in range(H):
+                if h2 != h:
+                    gram = zero()
+                    for e in ti.static(range(d)):
+                        gram += head_output(f, b, h, i, e) * head_output(f, b, h2, i, e)
+                    cross += gram
+            radial_pair = zero()
+            radial_abs_pair = zero()
+            if ti.static(sphere):
+                radial_pair = ah * (v_radial - ah)
+                radial_abs_pair = absolute(ah) * (abs_sum - absolute(ah))
+            store(tok, b, i, n, tok_slot(h, SLOT_TANGENT), tangent)
+            store(tok, b, i, n, tok_slot(h, SLOT_CROSS), cross)
+            store(tok, b, i, n, tok_slot(h, SLOT_RADIAL_PAIR), radial_pair)
+            store(tok, b, i, n, tok_slot(h, SLOT_RADIAL_ABS_PAIR), radial_abs_pair)
+            store(tok, b, i, n, tok_slot(h, SLOT_RADIAL), ah)
+            store(tok, b, i, n, tok_slot(h, SLOT_ENTROPY), row_stat(row, b, h, i, 0))
+            store(tok, b, i, n, tok_slot(h, SLOT_ROW_ENERGY), row_stat(row, b, h, i, 1))
+
+    return observe
 
 
 # -- the column reduction --------------------------------------------------------------------------

@@ -188,66 +188,58 @@ class KernelSet:
                     s += Of[h, e, a] * g[b, h, i, a]
                 f[b, h, i, e] = s
 
+        @ti.func
+        def zero():
+            return c(0)
+
+        @ti.func
+        def head_output(f: ti.template(), b, h, i, e):
+            return f[b, h, i, e]
+
+        @ti.func
+        def point(y: ti.template(), b, i, e):
+            return y[b, i, e]
+
+        @ti.func
+        def radial_shadow(radial: ti.template(), b, h, i):
+            return radial[h]
+
+        @ti.func
+        def row_stat(row: ti.template(), b, h, i, k):
+            return row[b, h, i, 2 + k]  # (max, weight sum, entropy, energy)
+
+        @ti.func
+        def store(tok: ti.template(), b, i, n, slot, value):
+            tok[b, i, slot] = value
+
+        observe_token = kernel_math.token_observables(H, d, sphere, zero, ti.abs, head_output, point,
+                                                      radial_shadow, row_stat, store)
+
         @ti.kernel
         def combine(x: arr3, f: arr4, xdot: arr3, row: arr4, tok: arr3, observe: ti.template(),
                     parallel: ti.template()):
-            """v_i = sum_h f^h_i; xdot_i = P_i v_i; with observe, the per-token observables.
-
-            Per head h: a^h = <f^h, x> (radial shadow), T = ||P f^h||^2, C = sum_{h'!=h} <f^h, f^h'>,
-            R = a^h sum_{h'!=h} a^h' (zero in flat space), and |a^h| sum_{h'!=h} |a^h'|.
-            Serial on the CPU below COMBINE_PARALLEL_TOKENS (cheaper than a parallel dispatch).
-            """
+            """v_i = sum_h f^h_i; xdot_i = P_i v_i; with observe, the per-token observables
+            (``kernel_math.token_observables``). Serial on the CPU below
+            COMBINE_PARALLEL_TOKENS (cheaper than a parallel dispatch)."""
             ti.loop_config(serialize=serial and not parallel)
             for b, i in ti.ndrange(x.shape[0], x.shape[1]):
                 radial = ti.Vector.zero(real, H)
-                gram = ti.Matrix.zero(real, H, H)
                 for e in range(d):
                     xe = x[b, i, e]
                     for h in ti.static(range(H)):
                         radial[h] += f[b, h, i, e] * xe
-                        if ti.static(observe):
-                            for h2 in ti.static(range(h + 1, H)):
-                                gram[h, h2] += f[b, h, i, e] * f[b, h2, i, e]
                 v_radial = radial.sum() if ti.static(sphere) else c(0)
                 kinetic = c(0)
-                tangent = ti.Vector.zero(real, H)
                 for e in range(d):
-                    xe = x[b, i, e]
+                    xe = x[b, i, e]  # read first: read after the sum, LLVM rounded xdot otherwise
                     ve = c(0)
                     for h in ti.static(range(H)):
-                        fe = f[b, h, i, e]
-                        ve += fe
-                        if ti.static(observe):
-                            pe = fe - radial[h] * xe if ti.static(sphere) else fe
-                            tangent[h] += pe * pe
+                        ve += f[b, h, i, e]
                     xde = ve - v_radial * xe
                     xdot[b, i, e] = xde
                     kinetic += xde * xde
                 if ti.static(observe):
-                    tok[b, i, 0] = kinetic
-                    abs_sum = c(0)
-                    for h in ti.static(range(H)):
-                        abs_sum += ti.abs(radial[h])
-                    for h in ti.static(range(H)):
-                        cross = c(0)
-                        for h2 in ti.static(range(H)):
-                            if ti.static(h2 > h):
-                                cross += gram[h, h2]
-                            elif ti.static(h2 < h):
-                                cross += gram[h2, h]
-                        ah = radial[h]
-                        base = 1 + h * SLOTS_PER_HEAD
-                        tok[b, i, base + SLOT_TANGENT] = tangent[h]
-                        tok[b, i, base + SLOT_CROSS] = cross
-                        if ti.static(sphere):
-                            tok[b, i, base + SLOT_RADIAL_PAIR] = ah * (v_radial - ah)
-                            tok[b, i, base + SLOT_RADIAL_ABS_PAIR] = ti.abs(ah) * (abs_sum - ti.abs(ah))
-                        else:
-                            tok[b, i, base + SLOT_RADIAL_PAIR] = c(0)
-                            tok[b, i, base + SLOT_RADIAL_ABS_PAIR] = c(0)
-                        tok[b, i, base + SLOT_RADIAL] = ah
-                        tok[b, i, base + SLOT_ENTROPY] = row[b, h, i, 2]
-                        tok[b, i, base + SLOT_ROW_ENERGY] = row[b, h, i, 3]
+                    observe_token(f, x, radial, row, tok, b, i, x.shape[1], v_radial, kinetic)
 
         @ti.kernel
         def entropy_rate(q: arr4, k: arr4, qd: arr4, kd: arr4, beta: arr1, row: arr4, tok: arr3):

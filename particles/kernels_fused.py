@@ -47,8 +47,7 @@ from taichi.lang import impl
 
 from . import kernel_math, kernels, paths
 from .kernel_math import CLAMP, lane_columns, vector_helpers
-from .layout import SLOT_CROSS, SLOT_ENTROPY, SLOT_RADIAL, SLOT_RADIAL_ABS_PAIR, SLOT_RADIAL_PAIR, \
-    SLOT_ROW_ENERGY, SLOT_TANGENT, SLOTS_PER_HEAD, n_tok_slots
+from .layout import n_tok_slots
 from .paths import pair_work
 
 JB = 6         # columns per score tile of the pair pass (with TR = 3: 18 accumulators, as kernels_wide)
@@ -343,52 +342,39 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
             out[b, base + e, jl] = xde
             kinetic += xde * xde
         if observe:
-            observe_group(b, jl, yv, v_radial, kinetic, fv, rowv, tok, n)
+            observe_group(fv, y, rowv, rowv, tok, b, jl, n, v_radial, kinetic)
 
 
     @ti.func
-    def lanes_to_tok(b, jl, slot, value, tok: ti.template(), n):
+    def zero():
+        return splat(0)
+
+    @ti.func
+    def head_output(fv: ti.template(), b, h, jl, e):
+        return fv[b, h, e, jl]
+
+    @ti.func
+    def point(y: ti.template(), b, jl, e):
+        return y[b, e, jl]
+
+    @ti.func
+    def radial_shadow(rowv: ti.template(), b, h, jl):
+        return rowv[b, h, 2, jl]
+
+    @ti.func
+    def row_stat(rowv: ti.template(), b, h, jl, k):
+        return rowv[b, h, k, jl]  # (entropy, energy)
+
+    @ti.func
+    def lanes_to_tok(tok: ti.template(), b, jl, n, slot, value):
         for k in range(L):
             i = jl * L + k
             if i < n:
                 tok[b, i, slot] = value[k]
 
-    @ti.func
-    def observe_group(b, jl, yv: ti.template(), v_radial, kinetic, fv: ti.template(),
-                      rowv: ti.template(), tok: ti.template(), n):
-        """The per-token observables of ``kernels.combine`` for L tokens, into tok."""
-        abs_sum = splat(0)
-        for h in range(H):
-            abs_sum += vabs(rowv[b, h, 2, jl])
-        lanes_to_tok(b, jl, 0, kinetic, tok, n)
-        for h in range(H):
-            ah = rowv[b, h, 2, jl]
-            tangent = splat(0)
-            for e in ti.static(range(d)):
-                pe = fv[b, h, e, jl]
-                if ti.static(sphere):
-                    pe = pe - ah * yv[e]
-                tangent += pe * pe
-            cross = splat(0)
-            for h2 in range(H):
-                if h2 != h:
-                    gram = splat(0)
-                    for e in ti.static(range(d)):
-                        gram += fv[b, h, e, jl] * fv[b, h2, e, jl]
-                    cross += gram
-            rp = splat(0)
-            rap = splat(0)
-            if ti.static(sphere):
-                rp = ah * (v_radial - ah)
-                rap = vabs(ah) * (abs_sum - vabs(ah))
-            base = 1 + h * SLOTS_PER_HEAD
-            lanes_to_tok(b, jl, base + SLOT_TANGENT, tangent, tok, n)
-            lanes_to_tok(b, jl, base + SLOT_CROSS, cross, tok, n)
-            lanes_to_tok(b, jl, base + SLOT_RADIAL_PAIR, rp, tok, n)
-            lanes_to_tok(b, jl, base + SLOT_RADIAL_ABS_PAIR, rap, tok, n)
-            lanes_to_tok(b, jl, base + SLOT_RADIAL, ah, tok, n)
-            lanes_to_tok(b, jl, base + SLOT_ENTROPY, rowv[b, h, 0, jl], tok, n)
-            lanes_to_tok(b, jl, base + SLOT_ROW_ENERGY, rowv[b, h, 1, jl], tok, n)
+    # the per-token observables of L tokens in lanes, into tok
+    observe_group = kernel_math.token_observables(H, d, sphere, zero, vabs, head_output, point,
+                                                  radial_shadow, row_stat, lanes_to_tok)
 
     @ti.func
     def reduce_into(b, slot, tok: ti.template(), y: ti.template(), red: ti.template(),
