@@ -27,7 +27,7 @@ _EXPORTS = {
     "ArchError": "errors",
     "load_log": "output", "load_trajectory": "output",
     "Result": "result", "Trajectory": "result",
-    "ExplicitRK": "integrators",
+    "ExplicitRK": "integrators", "Adaptive": "integrators",
     "theory": None, "clusters": None, "paths": None, "integrators": None, "machine": None,
     "tuning": None,
 }

@@ -21,7 +21,10 @@ with triggers, diffrax's ``SaveAt``):
 
 Row k of every log is the state after k steps. The arithmetic does not depend on where the
 loop stops: a step is the same kernels whether advanced alone or in a block, so any set of
-writers gives the same numbers bitwise.
+writers gives the same numbers bitwise. With adaptive steps (``particles.adaptive``) the
+stops, and the observed steps, are where steps are clipped: the numbers are then those of
+the same stops (a resumed run stops where the uninterrupted one did: every stop is a
+function of the step alone), equal to the tolerance otherwise.
 """
 from __future__ import annotations
 
@@ -247,8 +250,8 @@ class Driver:
         nxt = min([w.trigger.next_after(s, end) for w in self.writers]
                   + [w.observe.unfused().next_after(s, end) for w in self.writers]
                   + [Every(self.check_every).next_after(s, end), AT_END.next_after(s, end)])
-        if self.max_chunk > 0:
-            nxt = min(nxt, s + self.max_chunk)
+        if self.max_chunk > 0:   # on a fixed grid, so a resumed run stops where the first did
+            nxt = min(nxt, (s // self.max_chunk + 1) * self.max_chunk)
         return min(nxt, end)
 
     def _advance(self, steps: int, drain: bool = True) -> None:
@@ -276,7 +279,9 @@ class Driver:
             for w in first:
                 w.on_state(State(s, step_time(s, sim.dt), end))
         others = [w for w in firing if not w.flush_first]
-        fused = self.observe_every > 0 and s % self.observe_every == 0 and s < end
+        # an adaptive step (particles.adaptive) reuses an observation made before it instead
+        fused = (self.observe_every > 0 and s % self.observe_every == 0 and s < end
+                 and getattr(sim, "stepper", None) is None)
         wanted = any(w.observe.hits(s, end) for w in self.writers)
         if not others:
             if wanted and not fused:

@@ -38,6 +38,8 @@ class ExplicitRK:
     a: the rows 2..S of the Butcher matrix, row s holding a[s][1..s-1] (s - 1 numbers).
     b_hat: an embedded pair's second weights, times ``denominator`` (read by adaptive
         stepping; a fixed step uses ``weights``).
+    b_hat_order: the order of the ``b_hat`` solution (default ``order - 1``); the step-size
+        controller's exponent is 1 / (min(order, b_hat_order) + 1).
     """
 
     name: str
@@ -47,6 +49,7 @@ class ExplicitRK:
     order: int = 1
     a: tuple | None = None
     b_hat: tuple | None = None
+    b_hat_order: int | None = None
 
     def __post_init__(self):
         stages = len(self.weights)
@@ -82,6 +85,16 @@ class ExplicitRK:
         object.__setattr__(self, "denominator", float(self.denominator))
         if self.b_hat is not None:
             object.__setattr__(self, "b_hat", tuple(float(b) for b in self.b_hat))
+            if self.b_hat_order is None:
+                object.__setattr__(self, "b_hat_order", self.order - 1)
+
+    @property
+    def fsal(self) -> bool:
+        """First same as last: the last stage's point is the new state (its row of ``a`` is
+        b and its weight 0), so its slope is the next step's first."""
+        b = [w / self.denominator for w in self.weights]
+        return (self.stages > 1 and b[-1] == 0
+                and all(abs(v - w) <= 1e-15 for v, w in zip(self.a[-1], b[:-1])))
 
     @property
     def stages(self) -> int:
@@ -158,19 +171,94 @@ RALSTON_4 = ExplicitRK(   # Ralston (1962): the fourth-order tableau of least tr
     weights=((263 + 24 * _R5) / 1812, (125 - 1000 * _R5) / 3828, (3426304 + 1661952 * _R5) / 5924787,
              (30 - 4 * _R5) / 123),
     order=4)
-# An embedded pair, for adaptive stepping: third order, b_hat second
-BOGACKI_SHAMPINE = ExplicitRK("bogacki_shampine", a=((1 / 2,), (0, 3 / 4), (2 / 9, 1 / 3, 4 / 9)),
+# Embedded pairs, for adaptive stepping (both first same as last).
+# Bogacki and Shampine (1989): third order, b_hat second.
+BOGACKI_SHAMPINE = ExplicitRK("bs32", a=((1 / 2,), (0, 3 / 4), (2 / 9, 1 / 3, 4 / 9)),
                               weights=(2 / 9, 1 / 3, 4 / 9, 0), order=3,
                               b_hat=(7 / 24, 1 / 4, 1 / 3, 1 / 8))
+BS32 = BOGACKI_SHAMPINE
+# Dormand and Prince (1980), as in Hairer, Norsett and Wanner's DOPRI5: fifth order, b_hat fourth.
+DOPRI5 = ExplicitRK(
+    "dopri5",
+    a=((1 / 5,),
+       (3 / 40, 9 / 40),
+       (44 / 45, -56 / 15, 32 / 9),
+       (19372 / 6561, -25360 / 2187, 64448 / 6561, -212 / 729),
+       (9017 / 3168, -355 / 33, 46732 / 5247, 49 / 176, -5103 / 18656),
+       (35 / 384, 0, 500 / 1113, 125 / 192, -2187 / 6784, 11 / 84)),
+    weights=(35 / 384, 0, 500 / 1113, 125 / 192, -2187 / 6784, 11 / 84, 0), order=5,
+    b_hat=(5179 / 57600, 0, 7571 / 16695, 393 / 640, -92097 / 339200, 187 / 2100, 1 / 40))
 
-INTEGRATORS = {m.name: m for m in (EULER, RK4)}
+
+@dataclass(frozen=True)
+class Adaptive:
+    """An embedded pair stepped with error control (``particles.adaptive``): each replica takes
+    the steps its own error allows, and the simulation's ``dt`` is only the grid on which
+    rows, frames, checkpoints and layer switches land (steps are clipped to land on it).
+
+    method: an ``ExplicitRK`` with ``b_hat`` ("dopri5", "bs32" or a user's pair).
+    rtol, atol: a step is accepted when the RMS over a replica's components of
+        err / (atol + rtol max(|x|, |x_new|)) is at most 1 (Hairer's norm).
+    dt_min: a step the controller wants below it stops the run (BlowUpError); 0: only the
+        float floor stops it. dt_max: no step is longer (default: unbounded).
+    """
+
+    method: ExplicitRK | str = "dopri5"
+    rtol: float = 1e-6
+    atol: float = 1e-6
+    dt_min: float = 0.0
+    dt_max: float = math.inf
+
+    def __post_init__(self):
+        method = self.method
+        if isinstance(method, str):
+            method = EMBEDDED_PAIRS.get(method)
+            if method is None:
+                raise ParticlesUserError(f"Adaptive: method must be one of {tuple(EMBEDDED_PAIRS)} or a "
+                                         f"particles.ExplicitRK with b_hat, got {self.method!r}")
+        if not isinstance(method, ExplicitRK) or method.b_hat is None:
+            raise ParticlesUserError(f"Adaptive: {getattr(method, 'name', method)!r} has no embedded "
+                                     "weights b_hat, so its error cannot be estimated; use 'dopri5', "
+                                     "'bs32' or a tableau with b_hat")
+        object.__setattr__(self, "method", method)
+        for key in ("rtol", "atol", "dt_min", "dt_max"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+                raise ParticlesUserError(f"Adaptive: {key} must be a number, got {value!r}")
+            object.__setattr__(self, key, float(value))
+        if not 0 < self.rtol < 1 or not math.isfinite(self.rtol):
+            raise ParticlesUserError(f"Adaptive: rtol must lie in (0, 1), got {self.rtol!r}")
+        if not 0 <= self.atol < math.inf:
+            raise ParticlesUserError(f"Adaptive: atol must be >= 0 and finite, got {self.atol!r}")
+        if not 0 <= self.dt_min < math.inf:
+            raise ParticlesUserError(f"Adaptive: dt_min must be >= 0 and finite, got {self.dt_min!r}")
+        if not self.dt_max > self.dt_min:
+            raise ParticlesUserError(f"Adaptive: dt_max ({self.dt_max!r}) must exceed dt_min "
+                                     f"({self.dt_min!r})")
+
+    @property
+    def name(self) -> str:
+        return self.method.name
 
 
-def get_integrator(integrator) -> ExplicitRK:
-    """An ``ExplicitRK`` as given, or the built-in one of that name."""
-    if isinstance(integrator, ExplicitRK):
+EMBEDDED_PAIRS = {m.name: m for m in (DOPRI5, BS32)}
+# The names scenes and Simulation(integrator=...) take; an embedded pair named here steps
+# adaptively (the tableau object itself, e.g. integrators.DOPRI5, steps at the fixed dt).
+INTEGRATORS = {**{m.name: m for m in (EULER, RK4)},
+               **{name: Adaptive(m) for name, m in EMBEDDED_PAIRS.items()}}
+
+
+def get_integrator(integrator) -> ExplicitRK | Adaptive:
+    """An ``ExplicitRK`` or ``Adaptive`` as given, or the built-in one of that name."""
+    if isinstance(integrator, (ExplicitRK, Adaptive)):
         return integrator
     if isinstance(integrator, str) and integrator in INTEGRATORS:
         return INTEGRATORS[integrator]
-    raise ParticlesUserError(f"integrator must be one of {tuple(INTEGRATORS)} or a "
-                             f"particles.ExplicitRK, got {integrator!r}")
+    raise ParticlesUserError(f"integrator must be one of {tuple(INTEGRATORS)}, a "
+                             f"particles.ExplicitRK or a particles.Adaptive, got {integrator!r}")
+
+
+def split(integrator) -> tuple[ExplicitRK, Adaptive | None]:
+    """The tableau that runs and, for adaptive stepping, its settings."""
+    method = get_integrator(integrator)
+    return (method.method, method) if isinstance(method, Adaptive) else (method, None)

@@ -91,6 +91,7 @@ class Needs:
     passes: tuple = ()
     normalisation: str = "post"   # where the LayerNorm sits (particles.normalisation)
     head_terms: bool = False    # biases or rotary positions in some layer
+    adaptive: bool = False      # adaptive steps (particles.adaptive): per-kernel operations
 
 
 # the Simulation's per-kernel arrays an implementation may read or write (besides the state,
@@ -138,6 +139,7 @@ class PathSpec:
     # path that calls one pass per evaluation serves them; the fused whole step only "post"
     normalisations: frozenset = frozenset({"post"})
     head_terms: bool = False     # query/key/value biases and rotary positions
+    adaptive: bool = True        # adaptive steps (an embedded pair under error control)
 
     def implementation_for(self, p: PassNeeds) -> Implementation:
         """The first of this path's implementations that serves pass ``p``."""
@@ -158,6 +160,8 @@ class PathSpec:
                        "the paper's sphere, 'post'; the tiled and plain paths serve it)")
         if needs.entropy_rate and not self.entropy_rate:
             out.append("the entropy rate")
+        if needs.adaptive and not self.adaptive:
+            out.append("adaptive steps (integrator 'dopri5', 'bs32' or particles.Adaptive)")
         if self.cpu_only and needs.arch != "cpu":
             out.append(f"arch {needs.arch!r} (it runs on the CPU only)")
         if self.max_rank is not None and max(needs.r, needs.rv) > self.max_rank:
@@ -188,7 +192,7 @@ PLAIN = Implementation("plain", _ALL_RULES, positions=True, mixed_rules=True, en
 SPECS = (
     PathSpec("fused", rules=frozenset({"exponential", "kernel"}), positions=False, layers=False,
              entropy_rate=False, cpu_only=True, max_rank=FUSED_MAX_RANK, max_d=FUSED_MAX_D,
-             implementations=(FUSED,)),
+             implementations=(FUSED,), adaptive=False),
     PathSpec("tiled", rules=_ALL_RULES, positions=True, layers=True, entropy_rate=True, cpu_only=False,
              implementations=(WIDE, FAST, GPU, PLAIN), head_terms=True, normalisations=_NORMALISATIONS),
     PathSpec("plain", rules=_ALL_RULES, positions=True, layers=True, entropy_rate=True, cpu_only=False,

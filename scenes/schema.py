@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from particles.integrators import INTEGRATORS
+from particles.integrators import INTEGRATORS, Adaptive
 from particles import validation
 from particles.vocabulary import ARCHES, BUILTIN_RULES, DTYPES, GEOMETRIES, MASKS, NORMALISATIONS
 
@@ -53,10 +53,11 @@ VALUES = head_builders.VALUE_MODES
 
 # the integrator registry owns its names (rk4 first: the default)
 INTEGRATOR_NAMES = tuple(sorted(INTEGRATORS, key=lambda name: name != "rk4"))
+ADAPTIVE_NAMES = tuple(name for name in INTEGRATOR_NAMES if isinstance(INTEGRATORS[name], Adaptive))
 MAX_STEPS = validation.MAX_STEPS   # one limit for the scene loader and the API
 DYNAMICS_KEYS = ("geometry", "rule", "rule_file", "beta", "betas", "dt", "steps", "t_end",
                  "integrator", "dtype", "arch", "mask", "window", "alibi", "layer_every",
-                 "normalisation", "ngpt_alpha")
+                 "normalisation", "ngpt_alpha", "rtol", "atol", "dt_min", "dt_max")
 LAYER_KEYS = ("start", "heads", "rule", "mask", "window", "alibi")
 LOG_KEYS = ("every", "energy", "radial", "entropy", "entropy_rate", "clusters_every",
             "cluster_threshold", "trajectory_every")
@@ -668,7 +669,7 @@ def _dynamics(problems, raw, base_dir: Path, replicas) -> dict:
         steps = sec.take("steps", integer(1), 1000)
         if steps is not MISSING and steps > MAX_STEPS:
             sec.problem("steps", f"{steps} steps could never finish; at most {MAX_STEPS}")
-    sec.take("integrator", choice(*INTEGRATOR_NAMES), "rk4")
+    integrator = sec.take("integrator", choice(*INTEGRATOR_NAMES), "rk4")
     dtype = sec.take("dtype", choice(*DTYPES), "float32")
     if dtype is not MISSING:   # the API's check (particles.validation), so the two never drift
         for key in ("beta", "betas", "dt"):
@@ -683,7 +684,33 @@ def _dynamics(problems, raw, base_dir: Path, replicas) -> dict:
     if sec.has("layer_every"):
         sec.take("layer_every", number(0, lo_open=True))
     _normalisation_keys(sec)
+    _adaptive_keys(sec, integrator, dtype)
     return {k: sec.out[k] for k in DYNAMICS_KEYS if k in sec.out}
+
+
+def _adaptive_keys(sec, integrator, dtype) -> None:
+    """The tolerances of an adaptive integrator (particles.Adaptive's checks, each naming its
+    key); rtol and atol are filled only for one, so other scenes read as before."""
+    keys = ("rtol", "atol", "dt_min", "dt_max")
+    if integrator is MISSING:
+        return
+    if not isinstance(INTEGRATORS[integrator], Adaptive):
+        for key in keys:
+            sec.not_applicable(key, f"with integrator '{integrator}' (a fixed step): the adaptive "
+                                    f"integrators {', '.join(map(repr, ADAPTIVE_NAMES))} take it")
+        return
+    defaults = Adaptive()
+    rtol = sec.take("rtol", number(0, 1, lo_open=True, hi_open=True), defaults.rtol)
+    sec.take("atol", number(0), defaults.atol)
+    dt_min = sec.take("dt_min", number(0), store=sec.has("dt_min"))
+    dt_max = sec.take("dt_max", number(0, lo_open=True), store=sec.has("dt_max"))
+    if dt_min is not MISSING and dt_max is not MISSING and dt_max <= dt_min:
+        sec.problem("dt_max", f"dt_max = {show(dt_max)} must exceed dt_min = {show(dt_min)}")
+    if rtol is not MISSING and dtype is not MISSING:
+        floor = 4 * float(np.finfo(dtype).eps)
+        if rtol < floor:
+            sec.problem("rtol", f"rtol = {show(rtol)} is below what {dtype} resolves (4 eps = "
+                                f"{floor:.2g}); use a larger rtol or dtype = 'float64'")
 
 
 def _normalisation_keys(sec) -> None:

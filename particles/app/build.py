@@ -11,6 +11,7 @@ from particles import validation
 from particles.errors import ParticlesUserError
 
 from particles.attention import Attention, alibi_slopes
+from particles.integrators import Adaptive
 from particles.rotary import Rotary
 from particles.rules import get_rule, load_rule_file
 from particles.schedule import Layer, Schedule
@@ -136,9 +137,17 @@ def build_simulation(scene, *, tokens=None, heads=None, beta=None, entropy_rate=
             _check_heads_in_dtype(real, f"[[layers]] #{index}", layer.heads, layer.attention)
         attention = None
     return Simulation(tokens, heads, beta=beta, rule=rule, geometry=dyn["geometry"], dt=dyn["dt"],
-                      integrator=dyn["integrator"], dtype=dyn["dtype"], arch=dyn["arch"],
+                      integrator=integrator_of(dyn), dtype=dyn["dtype"], arch=dyn["arch"],
                       entropy_rate=entropy_rate, attention=attention,
                       normalisation=dyn.get("normalisation", "post"), ngpt_alpha=dyn.get("ngpt_alpha", 1.0))
+
+
+def integrator_of(dyn: dict):
+    """The integrator's name, or for an adaptive one (its rtol is filled) its settings."""
+    if "rtol" not in dyn:
+        return dyn["integrator"]
+    return Adaptive(dyn["integrator"], rtol=dyn["rtol"], atol=dyn["atol"], dt_min=dyn.get("dt_min", 0.0),
+                    dt_max=dyn.get("dt_max", float("inf")))
 
 
 def head_masks(entries, layer: dict, dyn: dict) -> list[str]:

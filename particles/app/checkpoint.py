@@ -251,6 +251,11 @@ def validate(tokens, state: dict, *, run_dir: Path, sim, steps_total: int, finge
             raise RunFileError(f"it counts {state['trajectory_frames']} trajectory frames in "
                                f"{state['trajectory_chunk']} chunks, which hold {frames}")
     _check_content(tokens, state, Path(run_dir))
+    if sim.stepper is not None:   # last: the controller's state is taken from the one that passes
+        try:
+            sim.stepper.restore(state.get("adaptive") or {})
+        except ValueError as err:
+            raise RunFileError(str(err)) from None
 
 
 def read_checkpoint(run_dir: Path, echo=print, **context) -> tuple[np.ndarray, dict]:

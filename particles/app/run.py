@@ -390,6 +390,9 @@ class Runner:
                           "trajectory": "trajectory" if self.traj else None,
                           "video": self.video_path.name if self.video_path else None},
                 "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        if sim.stepper is not None:   # adaptive steps: the tolerances and the steps taken
+            info["adaptive"] = {"integrator": sim.integrator.name, "rtol": sim.adaptive.rtol,
+                                "atol": sim.adaptive.atol, **sim.stepper.stats()}
         info.update(extra or {})
         try:
             write_json(self.run_dir / "run.json", info)
@@ -406,6 +409,7 @@ class Runner:
                 "trajectory_chunk": self.traj.next_chunk if self.traj else 0,
                 "summary": self.summary.state(), "scene": self.fingerprint,
                 "scene_keys": self.fingerprint.keys,   # a refusal names the keys that differ
+                **({"adaptive": self.sim.stepper.state()} if self.sim.stepper is not None else {}),
                 **content_hashes(self.run_dir, self.log.bytes_written,
                                  self.traj.next_chunk if self.traj else 0)}
 
