@@ -21,6 +21,8 @@ import os
 import re
 import sys
 import tempfile
+import threading
+import time
 
 import numpy as np
 import taichi as ti
@@ -231,3 +233,75 @@ def check_dtype(dtype: str, arch: str | None = None) -> None:
             f"dtype float64 is not available on arch {arch!r}: Taichi compiles {arch} kernels "
             "through SPIR-V, which has no 64-bit exp/log (and Metal has no float64 at all). "
             "Use dtype float32 (--dtype float32), or arch cpu (or a CUDA GPU) for float64")
+
+
+# A kernel build longer than this says what it compiles (a cold kernel cache at a new size can
+# take minutes: d = 384 heads), then a line at each stage and every BUILD_PROGRESS_S until it ends.
+BUILD_NOTICE_S = 5.0
+BUILD_PROGRESS_S = 15.0
+
+
+class BuildNotice:
+    """What a build is compiling, said on stderr once it has taken ``BUILD_NOTICE_S``; then a
+    progress line (the stage, how many of ``stages``, the seconds so far) at each stage and
+    every ``BUILD_PROGRESS_S``, and the total at ``finish()``. A shorter build says nothing.
+
+    Taichi's compiler holds the GIL, so the watching thread speaks when it gets it (between
+    kernels at the latest); ``stage`` speaks from the building thread. The watcher falls silent
+    by itself once the frame that created the notice is gone (a build that raised)."""
+
+    def __init__(self, what: str, stages: int):
+        self.what, self.stages = what, stages
+        self.label, self.done = "", 0
+        self.announced = False
+        self._start = self._last = time.perf_counter()
+        self._lock = threading.Lock()
+        self._finished = threading.Event()
+        self._owner = threading.get_ident()
+        self._frame = id(sys._getframe(1))   # the build's frame: while it is on the stack, the build runs
+        self._thread = threading.Thread(target=self._watch, name="particles-build-notice", daemon=True)
+        self._thread.start()
+
+    def stage(self, label: str) -> None:
+        """The build moves on to ``label`` (one of ``stages``)."""
+        with self._lock:
+            self.label, self.done = label, self.done + 1
+        self._speak(new_stage=True)
+
+    def finish(self) -> None:
+        self._finished.set()
+        self._thread.join()
+        if self.announced:
+            print(f"compiled in {time.perf_counter() - self._start:.0f} s", file=sys.stderr, flush=True)
+
+    def _building(self) -> bool:
+        frame = sys._current_frames().get(self._owner)
+        while frame is not None:
+            if id(frame) == self._frame:
+                return True
+            frame = frame.f_back
+        return False
+
+    def _watch(self) -> None:
+        while not self._finished.wait(0.1):
+            if not self._building():
+                return
+            self._speak(new_stage=False)
+
+    def _speak(self, new_stage: bool) -> None:
+        with self._lock:
+            if self._finished.is_set():
+                return
+            now = time.perf_counter()
+            elapsed = now - self._start
+            if not self.announced:
+                if elapsed < BUILD_NOTICE_S:
+                    return
+                self.announced = True
+                print(f"compiling kernels for {self.what} (once: Taichi's kernel cache keeps them "
+                      "for later builds at these sizes)", file=sys.stderr, flush=True)
+            elif not new_stage and now - self._last < BUILD_PROGRESS_S:
+                return
+            self._last = now
+            print(f"  compiling {self.label or 'kernels'} ({self.done}/{self.stages}), "
+                  f"{elapsed:.0f} s so far", file=sys.stderr, flush=True)

@@ -51,3 +51,48 @@ def test_gpu_on_a_hardware_device_says_nothing(monkeypatch, capsys):
     monkeypatch.setattr(backend, "_probe_gpu", lambda skip_software: ("cuda", "", []))
     assert backend.init("gpu") == "cuda"
     assert capsys.readouterr().err == ""
+
+
+def _build(path, **kw):
+    import numpy as np
+    from particles import Simulation
+    from conftest import random_tokens
+    rng = np.random.default_rng(1)
+    heads = [(rng.standard_normal((5, 5)) / 3, rng.standard_normal((5, 5)) / 3) for _ in range(2)]
+    return Simulation(random_tokens(24, 5, seed=2), heads, beta=1.0, dt=0.01, integrator="euler",
+                      dtype="float64", path=path, **kw)
+
+
+@pytest.mark.parametrize("path, stages", [("fused", 2), ("tiled", 4)])
+def test_a_long_build_says_what_it_compiles_for_which_sizes(monkeypatch, capsys, path, stages):
+    """Every build counts as long (threshold 0): the notice names the sizes, the rule, the
+    implementation, then a progress line per stage and the total."""
+    monkeypatch.setattr(backend, "BUILD_NOTICE_S", 0.0)
+    sim = _build(path)
+    err = capsys.readouterr().err
+    head = f"compiling kernels for n=24, d=5, H=2, rank r=5 (values 5), rule exp, float64, euler, " \
+           f"implementation {sim.plan.implementation} on cpu"
+    assert err.count(head) == 1, err
+    assert f"({stages}/{stages}), " in err and "s so far" in err
+    assert err.rstrip().splitlines()[-1].startswith("compiled in ")
+
+
+def test_a_short_build_says_nothing(monkeypatch, capsys):
+    monkeypatch.setattr(backend, "BUILD_NOTICE_S", 3600.0)
+    _build("fused")
+    assert "compil" not in capsys.readouterr().err
+
+
+def test_the_notice_falls_silent_when_the_build_raises(monkeypatch, capsys):
+    """A build that raised leaves no watcher speaking after the error."""
+    import time
+    monkeypatch.setattr(backend, "BUILD_NOTICE_S", 0.05)
+
+    def failing_build():
+        backend.BuildNotice("n=1", 2)
+        raise RuntimeError("the build failed")
+
+    with pytest.raises(RuntimeError):
+        failing_build()
+    time.sleep(0.3)
+    assert capsys.readouterr().err == ""
