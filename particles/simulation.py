@@ -6,6 +6,7 @@ from typing import Sequence
 import numpy as np
 import taichi as ti
 
+from . import adaptive
 from . import attention as attention_mod
 from . import backend, kernels, kernels_fused, kernels_gpu, kernels_wide, paths  # each registers its implementations
 from . import display, head_terms
@@ -16,7 +17,7 @@ from .drive import AT_END, Every, Rows, drive
 from .heads import Head
 from .kernels_wide import WideHeads
 from .layout import Operands
-from .integrators import ExplicitRK, get_integrator
+from .integrators import ExplicitRK, split as split_integrator
 from .observables import assemble_rows
 from .result import Result, progress_bar, token_keeper
 from .rule_check import check_rule_compiles
@@ -124,7 +125,11 @@ class Simulation:
     simulation uses (``particles.paths``); an explicit path that cannot serve it is refused,
     naming what it lacks. ``sim.path`` says which runs. All match the float64 reference to
     the dtype's tolerance; they need not agree bitwise.
-    integrator: 'euler', 'rk4' or a ``particles.ExplicitRK`` tableau of your own.
+    integrator: 'euler', 'rk4' or a ``particles.ExplicitRK`` tableau of your own (a fixed step
+    dt); 'dopri5', 'bs32' or ``particles.Adaptive(method, rtol=, atol=, dt_min=, dt_max=)`` for
+    adaptive steps with error control (``particles.adaptive``), each replica its own: dt is
+    then the grid on which rows, frames and layer switches land, and ``sim.stepper.stats()``
+    counts accepted and rejected steps.
     """
 
     def __init__(self, tokens, heads: Sequence, beta=1.0, rule: str | Rule = "exp",
@@ -136,7 +141,7 @@ class Simulation:
         geometry = validation.choice("geometry", geometry, GEOMETRIES)
         self.normalisation, self.ngpt_alpha = normalisation_mod.check(normalisation, geometry, ngpt_alpha)
         dtype = validation.choice("dtype", dtype, DTYPES)
-        method = get_integrator(integrator)
+        method, self.adaptive = split_integrator(integrator)
         path = validation.choice("path", path, ("auto", "fused", "tiled", "plain"))
         validation.choice("arch", arch, ARCHES)
         batch = validation.integer("batch", batch, 1)
@@ -226,7 +231,8 @@ class Simulation:
             rules=frozenset(paths.rule_kind(u) for u in rules_used), positions=not self.plain and not self.scheduled,
             layers=self.scheduled, entropy_rate=self.entropy_rate_enabled, arch=self.arch,
             n=n, d=d, H=H, r=r, rv=rv, dtype=dtype, passes=pass_needs, head_terms=any(layer_terms),
-            normalisation=self.normalisation))
+            normalisation=self.normalisation,
+            adaptive=self.adaptive is not None))
         self.path = self.plan.path
         self._notice = backend.BuildNotice(_build_sizes(self, r, rv), 2 if self.plan.steps else 2 + 2 * len(layers))
         self._notice.stage("the pair passes' kernels")
@@ -265,12 +271,14 @@ class Simulation:
         # the integrator's slope buffers (integrators.ExplicitRK.slope_slots), xdot the first;
         # the fused kernel keeps its own
         self._slopes = [self._xdot] + [arr(R, n, d) for _ in range(
-            0 if self._fused is not None else self.integrator.slope_buffers - 1)]
+            0 if self._fused is not None or self.adaptive else self.integrator.slope_buffers - 1)]
         self._placement = None if self.normalisation == "post" else normalisation_mod.Placement(
             self.normalisation, self.ngpt_alpha, R, n, d, dtype, self._batch, arr)
         self._ops = _Operations(self)
         if self._placement is not None:
             self._ops.retract = self._placement.retract(self._kern)
+        # adaptive stepping (particles.adaptive): None at a fixed step
+        self.stepper = None if self.adaptive is None else adaptive.Stepper(self, self.adaptive)
         self._warm_up()
 
     # -- what the integrators' operations object calls --------------------------------------
@@ -363,6 +371,8 @@ class Simulation:
         x = x if x.ndim == 3 else x[None]
         self._x.from_numpy(np.ascontiguousarray(x, dtype=self._np_real))
         self._blown_up = None
+        if self.stepper is not None:
+            self.stepper.forget()
         if step is not None:
             self.step_count = step
             self._use_layer(self.schedule.layer_at(self.step_count))
@@ -376,6 +386,8 @@ class Simulation:
         b = validation.betas(beta, self.n_replicas, self.dtype)
         self._beta.from_numpy(b.astype(self._np_real))
         self.betas = b
+        if self.stepper is not None:
+            self.stepper.forget()
 
     def run(self, steps: int, every: int = 1, trajectory_every: int = 0, progress: bool = False):
         """Advance ``steps`` steps, observing every ``every``-th state and the final one.
@@ -413,6 +425,8 @@ class Simulation:
             self._fused(self._operands, self.dt, self.step_count, 0, 0, False, 0)
         else:
             self._evaluate(self._x, self._xdot, False)
+            if self.stepper is not None:
+                self.stepper.forget(keep_row=True)
         v = self._xdot.to_numpy().astype(np.float64)
         return v if self.ensemble else v[0]
 
@@ -431,6 +445,8 @@ class Simulation:
         steps = validation.step_count("steps", steps)
         observe_every = validation.step_count("observe_every", observe_every)
         self._refuse_if_blown_up()
+        if self.stepper is not None:
+            return self.stepper.advance(int(steps), int(observe_every))
         if self._fused is not None:
             return self._advance_fused(int(steps), int(observe_every))
         integ, dt = self.integrator, self.dt
@@ -450,6 +466,8 @@ class Simulation:
             return
         self._evaluate(self._x, self._xdot, True)
         self._after_first_stage(True)
+        if self.stepper is not None:   # the step from here reuses this evaluation and its row
+            self.stepper.observed()
 
     def take_rows(self) -> list[dict]:
         """The recorded observable rows so far (oldest first), and forget them."""
