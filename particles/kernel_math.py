@@ -285,24 +285,53 @@ def token_observables(H: int, d: int, sphere: bool, zero, absolute, head_output,
 
 
 # -- the column reduction --------------------------------------------------------------------------
+def column_reduction(acc, value, with_lse):
+    """A ti.func chunk(src, aux, b, col, first, last) -> the vector (sum, min, max, sum_i
+    e^(v_i - max)) of the values v_i = value(src, aux, b, i, col) of tokens first..last-1, in
+    type ``acc``, in token order; the exponentials (shifted by the maximum, so in (0, 1]) only
+    where with_lse(col), else 0. The CPU reduces all n tokens as one chunk (``reduce_slot``),
+    a GPU chunks of tokens in parallel and then the chunks (``kernels_gpu``)."""
+
+    @ti.func
+    def chunk(src: ti.template(), aux: ti.template(), b, col, first, last):
+        total = ti.cast(0, acc)
+        lo = value(src, aux, b, first, col)
+        hi = lo
+        for i in range(first, last):
+            v = value(src, aux, b, i, col)
+            total += v
+            lo = ti.min(lo, v)
+            hi = ti.max(hi, v)
+        lse = ti.cast(0, acc)
+        if with_lse(col):
+            for i in range(first, last):
+                lse += ti.exp(value(src, aux, b, i, col) - hi)
+        return ti.Vector([total, lo, hi, lse])
+
+    return chunk
+
+
+@ti.func
+def is_row_energy_slot(s):
+    """Slot s holds a head's row energy (the only slots whose log-sum-exp is read)."""
+    return s >= 1 and (s - 1) % SLOTS_PER_HEAD == SLOT_ROW_ENERGY
+
+
+@ti.func
+def _slot_value(tok: ti.template(), unused: ti.template(), b, i, s):
+    return ti.cast(tok[b, i, s], ti.f64)
+
+
+_reduce_tokens = column_reduction(ti.f64, _slot_value, is_row_energy_slot)
+
+
 @ti.func
 def reduce_slot(tok: ti.template(), b, s, n, out: ti.template(), slot):
     """out[slot, b, s] = (sum, min, max, log-sum-exp) of slot s of replica b's n tokens, in
     float64 in token order (the log-sum-exp for the row energies only: it skips n exps
     elsewhere)."""
-    total = ti.cast(0, ti.f64)
-    lo = ti.cast(tok[b, 0, s], ti.f64)
-    hi = lo
-    for i in range(n):
-        val = ti.cast(tok[b, i, s], ti.f64)
-        total += val
-        lo = ti.min(lo, val)
-        hi = ti.max(hi, val)
-    lse = ti.cast(0, ti.f64)
-    if s >= 1 and (s - 1) % SLOTS_PER_HEAD == SLOT_ROW_ENERGY:
-        for i in range(n):
-            lse += ti.exp(ti.cast(tok[b, i, s], ti.f64) - hi)
-    out[slot, b, s, 0] = total
-    out[slot, b, s, 1] = lo
-    out[slot, b, s, 2] = hi
-    out[slot, b, s, 3] = hi + ti.log(lse)
+    r = _reduce_tokens(tok, tok, b, s, 0, n)
+    out[slot, b, s, 0] = r[0]
+    out[slot, b, s, 1] = r[1]
+    out[slot, b, s, 2] = r[2]
+    out[slot, b, s, 3] = r[2] + ti.log(r[3])

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import taichi as ti
 
-from . import backend, kernel_math, kernels_gpu, paths
+from . import backend, kernel_math, paths
 # the per-token observable slots and reductions have one home, Taichi-free: particles.layout
 from .layout import (RED_LSE, RED_MAX, RED_MIN, RED_SUM, SLOT_CROSS, SLOT_ENTROPY,  # noqa: F401
                      SLOT_ENTROPY_RATE, SLOT_KINETIC, SLOT_RADIAL, SLOT_RADIAL_ABS_PAIR,
@@ -337,13 +337,12 @@ class KernelSet:
 
         self.project, self.pair, self.head_out, self.combine = project, pair, head_out, combine
         self.entropy_rate, self.reduce = entropy_rate, reduce
-        if not serial:  # per-block partial reductions (float32 on SPIR-V), see kernels_gpu
-            self.reduce = kernels_gpu.Reduce(n_slots, d, SLOTS_PER_HEAD, SLOT_ROW_ENERGY)
         self.axpy, self.accumulate, self.retract, self.finite_check = axpy, accumulate, retract, finite_check
         self.exponential = exponential
         self.spec = (real, d, H, r, rv, softmax_norm)
         self.gpu_spec = (rule, dtype, d, H, r, rv, features)
         self.features = features
+        self.n_slots, self.d = n_slots, d
 
 
 class PlainHeads:
@@ -867,4 +866,5 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
 
 # the implementations of ``paths.SPECS`` this module serves: factory(kern, R, n, keep_qk)
 paths.register("plain", lambda kern, R, n, keep_qk: PlainHeads(kern))
+paths.register("serial", lambda kern: kern.reduce)   # paths.REDUCTIONS: the CPU's
 paths.register("fast", lambda kern, R, n, keep_qk: FastHeads(kern.spec, R, n, keep_qk, features=kern.features))

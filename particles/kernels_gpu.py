@@ -1,11 +1,13 @@
 """Kernels shaped for a GPU (CUDA, Vulkan, Metal): the tiled path's implementation 'gpu'
-(``paths.SPECS``, registered below), and the reduction ``kernels.KernelSet`` takes on a GPU arch.
+(``paths.SPECS``, registered below), and the reduction 'chunked' that the plan names on a GPU
+arch (``paths.REDUCTIONS``).
 
 ``TiledHeads``: the pair pass, the only O(n^2) work, with key tiles staged in shared memory
 and several query rows per thread (see the section below); project and head_out are the
 plain parallel kernels of ``KernelSet``.
 
-``Reduce``: the column reductions over tokens of the observables as per-chunk partials
+``Reduce``: the column reductions over tokens of the observables
+(``kernel_math.column_reduction``) as per-chunk partials
 (one thread per (replica, column, chunk of CHUNK tokens)) and a finish over the chunks
 (one thread per (replica, column)): parallel, no loop over n on a single thread, and a
 fixed summation order, so a run is reproducible on one device. It accumulates in float64
@@ -22,13 +24,12 @@ CHUNK = 256  # tokens per partial sum
 
 
 class Reduce:
-    """Drop-in for ``KernelSet.reduce(tok, x, out, sumx, slot)`` on a GPU arch."""
+    """Called as ``KernelSet.reduce(tok, x, out, sumx, slot)``: the reduction 'chunked'."""
 
-    def __init__(self, n_slots: int, d: int, slots_per_head: int, slot_row_energy: int):
+    def __init__(self, n_slots: int, d: int):
         self.acc = backend.reduction_dtype()
         self.n_cols = n_slots + d  # the observable slots, then the d components of sum x_i/|x_i|
-        self.partial, self.finish = _reduce_kernels(n_slots, d, slots_per_head, slot_row_energy,
-                                                    self.acc)
+        self.partial, self.finish = _reduce_kernels(n_slots, d, self.acc)
         self._parts: dict[tuple[int, int], ti.Ndarray] = {}
 
     def __call__(self, tok, x, out, sumx, slot: int) -> None:
@@ -41,7 +42,7 @@ class Reduce:
 
 
 @functools.lru_cache(maxsize=None)
-def _reduce_kernels(n_slots: int, d: int, slots_per_head: int, slot_row_energy: int, acc):
+def _reduce_kernels(n_slots: int, d: int, acc):
     any3 = ti.types.ndarray(ndim=3)
     any4 = ti.types.ndarray(ndim=4)
 
@@ -60,32 +61,19 @@ def _reduce_kernels(n_slots: int, d: int, slots_per_head: int, slot_row_energy: 
         return value
 
     @ti.func
-    def is_row_energy(col):
-        return col >= 1 and col < n_slots and (col - 1) % slots_per_head == slot_row_energy
+    def with_lse(col):  # the log-sum-exp is read for the row energies only
+        return col < n_slots and kernel_math.is_row_energy_slot(col)
+
+    chunk = kernel_math.column_reduction(acc, column, with_lse)
 
     @ti.kernel
     def partial(tok: any3, x: any3, part: any4):
         """part[b, col, chunk] = (sum, min, max, sum of e^(v - max)) over the chunk's tokens."""
         n = tok.shape[1]
         for b, col, ck in ti.ndrange(tok.shape[0], part.shape[1], part.shape[2]):
-            first = ck * CHUNK
-            last = ti.min(first + CHUNK, n)
-            total = ti.cast(0, acc)
-            lo = column(tok, x, b, first, col)
-            hi = lo
-            for i in range(first, last):
-                v = column(tok, x, b, i, col)
-                total += v
-                lo = ti.min(lo, v)
-                hi = ti.max(hi, v)
-            lse = ti.cast(0, acc)
-            if is_row_energy(col):  # the log-sum-exp is read for the row energies only
-                for i in range(first, last):
-                    lse += ti.exp(column(tok, x, b, i, col) - hi)
-            part[b, col, ck, 0] = total
-            part[b, col, ck, 1] = lo
-            part[b, col, ck, 2] = hi
-            part[b, col, ck, 3] = lse
+            r = chunk(tok, x, b, col, ck * CHUNK, ti.min(ck * CHUNK + CHUNK, n))
+            for k in ti.static(range(4)):
+                part[b, col, ck, k] = r[k]
 
     @ti.kernel
     def finish(part: any4, out: any4, sumx: any4, slot: ti.i32):
@@ -329,3 +317,4 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
 
 
 paths.register("gpu", lambda kern, R, n, keep_qk: TiledHeads(kern, *kern.gpu_spec))
+paths.register("chunked", lambda kern: Reduce(kern.n_slots, kern.d))

@@ -210,6 +210,7 @@ class Plan:
     path: str
     implementations: tuple
     operands: frozenset
+    reduction: str = "serial"    # the observables' column reduction (REDUCTIONS)
 
     @property
     def implementation(self) -> str:
@@ -221,12 +222,18 @@ class Plan:
         return any(i.steps for i in self.implementations)
 
 
+# The per-token observables' column reduction over tokens (registered like the passes): one
+# thread per (replica, slot) on the CPU (kernels), parallel chunks and a finish over them on a
+# GPU (kernels_gpu), where a loop over n on one thread would serialise the launch.
+REDUCTIONS = {"cpu": "serial", "gpu": "chunked"}
+
 _FACTORIES: dict[str, Callable] = {}
 
 
 def register(name: str, factory: Callable) -> None:
-    """A kernel module's factory for implementation ``name`` (declared in SPECS)."""
-    if name not in IMPLEMENTATIONS:
+    """A kernel module's factory for implementation ``name`` (declared in SPECS) or for a
+    reduction (REDUCTIONS)."""
+    if name not in IMPLEMENTATIONS and name not in REDUCTIONS.values():
         raise ValueError(f"no implementation {name!r} is declared in paths.SPECS")
     _FACTORIES[name] = factory
 
@@ -250,7 +257,7 @@ def plan(path: str, needs: Needs) -> Plan:
     operands = frozenset().union(*(i.operands for i in chosen))
     if needs.entropy_rate:
         operands |= {"q", "k"}   # the entropy rate's pass reads them
-    return Plan(path, chosen, operands)
+    return Plan(path, chosen, operands, REDUCTIONS["cpu" if needs.arch == "cpu" else "gpu"])
 
 
 def _fused_preferred(needs: Needs) -> bool:

@@ -241,6 +241,7 @@ class Simulation:
                                     arr, self._np_real, implementations)
                         for (hs, att), f in zip(layers, features)]
         self._kern = self._layers[0].passes[0][0]  # combine, reduce, integrator ops: rule-free
+        self._reduce = paths.factory(self.plan.reduction)(self._kern)  # the observables' column sums
 
         # per-kernel arrays at full size only where the plan's implementations use them (the
         # tiled and wide passes pack their own); others get a one-token stand-in of the same rank
@@ -314,7 +315,7 @@ class Simulation:
             kern.project(self._xdot, self._Q, self._K, self._W, self._qd, self._kd, self._ud)
             kern.entropy_rate(self._q, self._k, self._qd, self._kd, self._beta, self._row, self._tok)
         slot = len(self._pending)
-        kern.reduce(self._tok, self._x, self._red, self._sumx, slot)
+        self._reduce(self._tok, self._x, self._red, self._sumx, slot)
         if self._placement is not None:
             self._placement.observe(self._x, slot)
         self._pending.append((self.step_count, slot))
@@ -589,7 +590,7 @@ class Simulation:
         if self.entropy_rate_enabled:
             kern.project(self._xdot, self._Q, self._K, self._W, self._qd, self._kd, self._ud)
             kern.entropy_rate(self._q, self._k, self._qd, self._kd, self._beta, self._row, self._tok)
-        kern.reduce(self._tok, self._x, self._red, self._sumx, 0)
+        self._reduce(self._tok, self._x, self._red, self._sumx, 0)
         if self._placement is not None:
             self._placement.observe(self._x, 0)
         kern.axpy(self._stage_x, self._x, 0.0, self._xdot)
