@@ -38,7 +38,7 @@ What the flow carries and what it leaves out is said in ``LayerHeads.notes``:
   folded (an affine shift of the tokens has no place in the flow); the notes say which.
 - rotary position embeddings (LLaMA: pairs (p, p + d_head/2), ``particles.Rotary``) rotate q_i
   and k_j by their positions (token indices): ``LayerHeads.rotary``, carried by each head's
-  ``Attention(rotary=...)`` (``LayerHeads.attention()``). ``rotary = "drop"`` uses the heads
+  ``Attention(rotary=...)``. ``rotary = "drop"`` uses the heads
   without the rotation (the layer as it acts on tokens all at position 0) and says so.
 
 Checkpoints in float16 or bfloat16 are converted to float64 (a note says so). A damaged or
@@ -61,14 +61,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .attention import Attention
+from . import forward
 from .errors import ParticlesUserError
 from .heads import Head
 from .rotary import Rotary
 
 __all__ = ["PretrainedError", "Checkpoint", "LayerHeads", "TextTokens", "open_checkpoint",
            "load_heads", "text_tokens", "head_table", "LAYOUTS", "EXTRA_HINT", "MINILM_PACKAGE",
-           "MINILM_INSTALL", "attention_reference", "attention_maps", "BIASES", "ROTARY"]
+           "MINILM_INSTALL", "attention_reference", "attention_maps", "BIASES", "ROTARY",
+           "attention_weights", "block_weights", "hidden_states"]
 
 LAYOUTS = ("bert", "gpt2", "llama")
 BIASES = ("keep", "drop")
@@ -487,13 +488,8 @@ class LayerHeads:
     bias_ratio: dict            # {"query": r, "key": r, "value": r, "output": r}
     folded: str | None          # the LayerNorm whose gain was folded in, or None
     model: str = ""
-    rotary: Rotary | None = None  # the layer's rotary positions, when carried
-
-    def attention(self, mask: str | None = None) -> list[Attention]:
-        """Each head's ``Attention``: its mask (default: "causal" for a causal model, else
-        "none") and the rotary positions it carries."""
-        mask = mask if mask is not None else ("causal" if self.causal else "none")
-        return [Attention(mask=mask, rotary=self.rotary) for _ in self.heads]
+    rotary: Rotary | None = None  # the layer's rotary positions, when carried: give each head
+    # Attention(mask="causal", rotary=...) (this module stays Taichi-free: no Attention here)
 
 
 def _select(indices, count: int, what: str, where: str) -> list[int]:
@@ -564,7 +560,7 @@ def load_heads(model, layer: int = 0, heads=None, fold_layernorm: bool = False,
 
     ``value = "weights"`` keeps each head's own V_h = W_O,h W_V,h; ``"score"`` replaces it by
     M_h (the theory's hypothesis V_h = M_h; the value and output biases then go). ``rotary``:
-    "keep" (LLaMA: ``LayerHeads.rotary``, carried by ``LayerHeads.attention()``) or "drop";
+    "keep" (LLaMA: ``LayerHeads.rotary``, for each head's ``Attention(rotary=...)``) or "drop";
     ``biases``: "keep" (query, key, value and output biases carried) or "drop".
     """
     ck = model if isinstance(model, Checkpoint) else open_checkpoint(model)
@@ -667,31 +663,93 @@ def _bias_note(ratios: dict, biases: str, value: str, rotary: bool) -> str:
     return "biases carried, ||b|| / (||W||_F / sqrt(d_in)): " + sizes + tail
 
 
+def attention_weights(model, layer: int, biases: bool = True, rotary: bool = True):
+    """The layer's attention as the model computes it (``forward.AttentionWeights``): its
+    matrices, biases where the model has them and they are asked for, rotary positions
+    (LLaMA) and causal mask."""
+    ck = model if isinstance(model, Checkpoint) else open_checkpoint(model)
+    ws, bs = _layer_weights(ck, layer)
+    bq, bk, bv, bo = bs if biases else (None,) * 4
+    rope = Rotary(ck.number("rope_theta", 10000.0)) if rotary and ck.layout == "llama" else None
+    return forward.AttentionWeights(*ws, bq, bk, bv, bo, ck.n_heads, ck.n_kv_heads, ck.head_dim,
+                                    ck.causal, rope)
+
+
 def attention_reference(model, layer: int, x, biases: bool = True, rotary: bool = True) -> np.ndarray:
     """The layer's multi-head attention output on inputs x (n, d), computed directly from
-    the checkpoint's tensors in NumPy (biases and rotary positions where the model has them and
-    they are asked for; causal where the model is): a check of ``load_heads``, independent of
-    the factorisation."""
+    the checkpoint's tensors in NumPy (``forward.attention``; biases and rotary positions where
+    the model has them and they are asked for; causal where the model is): a check of
+    ``load_heads``, independent of the factorisation."""
+    return forward.attention(x, attention_weights(model, layer, biases, rotary))
+
+
+_MLP = {   # layout: (placement, norm1, norm2, up, gate, down, activation key, its default)
+    "bert": ("post-ln", "encoder.layer.{l}.attention.output.LayerNorm",
+             "encoder.layer.{l}.output.LayerNorm", "encoder.layer.{l}.intermediate.dense", None,
+             "encoder.layer.{l}.output.dense", "hidden_act", "gelu"),
+    "gpt2": ("pre-ln", "h.{l}.ln_1", "h.{l}.ln_2", "h.{l}.mlp.c_fc", None, "h.{l}.mlp.c_proj",
+             "activation_function", "gelu_new"),
+    "llama": ("pre-rms", "layers.{l}.input_layernorm", "layers.{l}.post_attention_layernorm",
+              "layers.{l}.mlp.up_proj", "layers.{l}.mlp.gate_proj", "layers.{l}.mlp.down_proj",
+              "hidden_act", "silu"),
+}
+
+
+def block_weights(ck: Checkpoint, layer: int) -> forward.BlockWeights:
+    """Layer ``layer``'s whole block (attention with its biases and rotary, norms, MLP)."""
+    placement, n1, n2, up, gate, down, act_key, act_default = _MLP[ck.layout]
+    d = ck.hidden
+    act = ck.config.get(act_key, act_default)
+    if act not in forward.ACTIVATIONS:
+        raise PretrainedError(f"'{ck.folder / 'config.json'}' key '{act_key}': activation "
+                              f"{_show(act)} is not one of {', '.join(forward.ACTIVATIONS)}")
+    eps = ck.number(*{"bert": ("layer_norm_eps", 1e-12), "gpt2": ("layer_norm_epsilon", 1e-5),
+                      "llama": ("rms_norm_eps", 1e-6)}[ck.layout])
+
+    def norm(name):
+        name = name.format(l=layer)
+        bias = ck.tensor(name + ".bias", (d,)) if ck.has(name + ".bias") else None
+        return ck.tensor(name + ".weight", (d,)), bias
+
+    def linear(name, out_dim, in_dim):
+        name = name.format(l=layer)
+        if ck.layout == "gpt2":   # Conv1D: (in, out), y = x W + b
+            w = ck.tensor(name + ".weight", (in_dim, out_dim)).T
+        else:
+            w = ck.tensor(name + ".weight", (out_dim, in_dim))
+        return w, ck.tensor(name + ".bias", (out_dim,)) if ck.has(name + ".bias") else None
+
+    probe = up.format(l=layer) + ".weight"
+    if not ck.has(probe):
+        raise PretrainedError(f"'{ck.weights_file}' has no tensor '{ck.prefix}{probe}' (the "
+                              f"{ck.layout} layout's MLP, needed for the hidden states)")
+    shape = ck.shape(probe)
+    inner = shape[1] if ck.layout == "gpt2" else shape[0]
+    return forward.BlockWeights(placement, attention_weights(ck, layer), norm(n1), norm(n2), eps,
+                                linear(up, inner, d), linear(down, d, inner), act,
+                                None if gate is None else linear(gate, inner, d))
+
+
+def hidden_states(model, text: str, upto: int | None = None,
+                  special_tokens: bool = True) -> list[np.ndarray]:
+    """[h_0, ..., h_upto] (each (n, d), float64): h_0 the embeddings as the model adds them
+    (BERT: after its embedding LayerNorm), h_{l+1} = block_l(h_l) (``particles.forward``),
+    the hidden state entering layer l + 1 (Hugging Face's ``hidden_states``). ``upto``:
+    default every layer."""
     ck = model if isinstance(model, Checkpoint) else open_checkpoint(model)
-    (wq, wk, wv, wo), bs = _layer_weights(ck, layer)
-    bq, bk, bv, bo = (b if biases and b is not None else 0.0 for b in bs)
-    x = np.asarray(x, dtype=np.float64)
-    n, dh, group = x.shape[0], ck.head_dim, ck.n_heads // ck.n_kv_heads
-    q, k, v = x @ wq.T + bq, x @ wk.T + bk, x @ wv.T + bv
-    rope = Rotary(ck.number("rope_theta", 10000.0)) if rotary and ck.layout == "llama" else None
-    heads = []
-    for h in range(ck.n_heads):
-        kv = h // group
-        qh, kh = q[:, h * dh:(h + 1) * dh], k[:, kv * dh:(kv + 1) * dh]
-        if rope is not None:
-            qh, kh = rope.apply(qh), rope.apply(kh)
-        s = qh @ kh.T / math.sqrt(dh)
-        if ck.causal:
-            s = np.where(np.tril(np.ones((n, n), dtype=bool)), s, -np.inf)
-        p = np.exp(s - s.max(axis=1, keepdims=True))
-        p /= p.sum(axis=1, keepdims=True)
-        heads.append(p @ v[:, kv * dh:(kv + 1) * dh])
-    return np.concatenate(heads, axis=1) @ wo.T + bo
+    upto = ck.n_layers if upto is None else upto
+    if isinstance(upto, bool) or not isinstance(upto, (int, np.integer)) or \
+            not 0 <= upto <= ck.n_layers:
+        raise PretrainedError(f"'{ck.folder / 'config.json'}': layer {upto!r} is out of range; "
+                              f"the model has {ck.n_layers} layers (hidden states 0..{ck.n_layers}, "
+                              f"the last one its output)",
+                              key="layer")
+    h = text_tokens(ck, text, layernorm=True, sphere=False, special_tokens=special_tokens).x
+    out = [h]
+    for layer in range(int(upto)):
+        h = forward.block(h, block_weights(ck, layer))
+        out.append(h)
+    return out
 
 
 def attention_maps(layer_heads: LayerHeads, x, beta: float = 1.0, positions: bool = True):
@@ -733,12 +791,27 @@ class TextTokens:
 
 
 def text_tokens(model, text: str, layernorm: bool = True, sphere: bool = True,
-                special_tokens: bool = True) -> TextTokens:
+                special_tokens: bool = True, layer: int = 0) -> TextTokens:
     """The model's tokenizer, its input embeddings (BERT: word + position + token type 0;
     GPT-2: wte + wpe; LLaMA: embed_tokens), optionally the embedding LayerNorm (BERT only:
     the other layouts have none; their heads read ln_1 / input_layernorm, see
-    ``fold_layernorm``), then onto the unit sphere (``sphere=True``) or kept as they are."""
+    ``fold_layernorm``), then onto the unit sphere (``sphere=True``) or kept as they are.
+    ``layer = l > 0``: the hidden state entering layer l instead (``hidden_states``: the
+    model's own forward through layers 0..l-1; BERT's is what layer l's attention reads, a
+    pre-norm model's attention reads it through its norm)."""
     ck = model if isinstance(model, Checkpoint) else open_checkpoint(model)
+    if layer:
+        if not layernorm:
+            raise PretrainedError("layernorm = false applies to layer 0's input only (the "
+                                  f"model's own forward gives layer {layer}'s)", key="layernorm")
+        h = hidden_states(ck, text, layer, special_tokens)[layer]
+        first = text_tokens(ck, text, True, False, special_tokens)
+        notes = first.notes + [f"layer {layer}'s input: the model's forward through layers "
+                               f"0..{layer - 1} (attention with biases{', rotary' if ck.layout == 'llama' else ''}"
+                               ", MLP and norms)"]
+        if sphere:
+            h = h / np.linalg.norm(h, axis=1, keepdims=True)
+        return TextTokens(np.ascontiguousarray(h), first.strings, first.ids, notes)
     if not isinstance(text, str) or not text.strip():
         raise PretrainedError(f"text: expected a non-empty string, got {text!r}", key="text")
     tok_file = ck.folder / "tokenizer.json"

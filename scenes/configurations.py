@@ -254,9 +254,10 @@ def perturb(x, noise: float, seed: int = 0) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- text
 
-def text(model, sentence: str, layernorm: bool = True) -> np.ndarray:
+def text(model, sentence: str, layernorm: bool = True, layer: int = 0) -> np.ndarray:
     """The embeddings of ``sentence`` as the model adds them (its tokenizer; BERT: word +
-    position + token type, then the embedding LayerNorm if ``layernorm``), on the unit sphere.
+    position + token type, then the embedding LayerNorm if ``layernorm``), on the unit sphere;
+    ``layer = l > 0``: the hidden state entering layer l (the model's own forward).
     The token strings: ``particles.pretrained.text_tokens(model, sentence).strings``."""
     from particles.pretrained import text_tokens
-    return text_tokens(model, sentence, layernorm=layernorm).x
+    return text_tokens(model, sentence, layernorm=layernorm, layer=layer).x

@@ -2,7 +2,8 @@
 
 ``[tokens]``: ``text`` (the sentence), ``model`` (a checkpoint folder, relative to the scene's
 folder, or an installed package name), ``layernorm`` (apply the embedding LayerNorm, BERT;
-default true). ``n`` and ``d`` come from the text and the model (given, they must agree), and
+default true), ``layer`` (default 0: the embeddings; l > 0: the hidden state entering layer l,
+from the model's own forward through layers 0..l-1). ``n`` and ``d`` come from the text and the model (given, they must agree), and
 the loader writes the token strings as ``strings`` (so a run's scene.toml records them).
 
 ``[heads]`` (one table): ``model``, ``layer`` (default 0), ``select`` (head indices, default
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from particles import pretrained
 
-TOKEN_KEYS = ("text", "model", "layernorm", "strings")
+TOKEN_KEYS = ("text", "model", "layernorm", "layer", "strings")
 HEAD_KEYS = ("model", "layer", "select", "fold_layernorm", "biases", "rotary", "rotary_theta",
              "rotary_pairs", "value_from")
 VALUE_FROM = ("weights", "score")
@@ -47,6 +48,7 @@ def _model(sec, base_dir):
 
 def _problem(sec, exc, default_key: str) -> None:
     key = {"layer": "layer", "heads": "select", "rotary": "rotary", "biases": "biases",
+           "layernorm": "layernorm",
            "text": "text"}.get(getattr(exc, "key", None), default_key)
     sec.problem(key, str(exc))
 
@@ -57,10 +59,11 @@ def tokens(sec, base_dir, n, d) -> None:
     text = sec.take("text", S.string(nonempty=True), required=True)
     model = _model(sec, base_dir)
     layernorm = sec.take("layernorm", S.boolean(), True)
-    if S.MISSING in (text, model, layernorm):
+    layer = sec.take("layer", S.integer(0), 0)
+    if S.MISSING in (text, model, layernorm, layer):
         return
     try:
-        tt = pretrained.text_tokens(model, text, layernorm=layernorm)
+        tt = pretrained.text_tokens(model, text, layernorm=layernorm, layer=layer)
     except pretrained.PretrainedError as exc:
         _problem(sec, exc, "model" if "text:" not in str(exc) else "text")
         return

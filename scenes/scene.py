@@ -51,7 +51,7 @@ def _one_replica(t: dict, seed: int) -> np.ndarray:
     elif init == "file":
         x = configurations.from_file(t["path"], n, d)
     elif init == "text":
-        x = configurations.text(t["model"], t["text"], t.get("layernorm", True))
+        x = configurations.text(t["model"], t["text"], t.get("layernorm", True), t.get("layer", 0))
     else:
         raise ValueError(f"unknown init {init!r}")
     noise = t.get("noise", 0.0)

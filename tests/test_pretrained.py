@@ -86,12 +86,42 @@ def make_checkpoint(folder: Path, layout: str, d=8, H=4, Hkv=None, layers=2, pos
                 t[b + "k_proj.bias"] = 0.3 * rng.standard_normal(Hkv * dh)
                 t[b + "v_proj.bias"] = 0.3 * rng.standard_normal(Hkv * dh)
             t[f"layers.{l}.input_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(d)
+    _add_mlp(t, layout, d, layers, np.random.default_rng(seed + 1000))   # its own stream
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(cfg))
     stored = {prefix + k: np.ascontiguousarray(v.astype(dtype)) for k, v in t.items()}
     safetensors_numpy.save_file(stored, str(folder / "model.safetensors"))
     _tokenizer(folder, special=layout == "bert")
     return {k: v.astype(dtype).astype(np.float64) for k, v in t.items()}
+
+
+def _add_mlp(t, layout, d, layers, rng):
+    """The rest of each block (norms and MLP, width 3d), for the hidden states."""
+    def w(*shape):
+        return rng.standard_normal(shape) / math.sqrt(shape[-1])
+
+    def gain():
+        return 1 + 0.1 * rng.standard_normal(d)
+    inner = 3 * d
+    for l in range(layers):
+        if layout == "bert":
+            b = f"encoder.layer.{l}."
+            t[b + "attention.output.LayerNorm.weight"] = gain()
+            t[b + "attention.output.LayerNorm.bias"] = 0.1 * rng.standard_normal(d)
+            t[b + "intermediate.dense.weight"], t[b + "intermediate.dense.bias"] = w(inner, d), 0.1 * rng.standard_normal(inner)
+            t[b + "output.dense.weight"], t[b + "output.dense.bias"] = w(d, inner), 0.1 * rng.standard_normal(d)
+            t[b + "output.LayerNorm.bias"] = 0.1 * rng.standard_normal(d)
+        elif layout == "gpt2":
+            b = f"h.{l}."
+            t[b + "ln_1.bias"] = 0.1 * rng.standard_normal(d)
+            t[b + "ln_2.weight"], t[b + "ln_2.bias"] = gain(), 0.1 * rng.standard_normal(d)
+            t[b + "mlp.c_fc.weight"], t[b + "mlp.c_fc.bias"] = w(d, inner), 0.1 * rng.standard_normal(inner)
+            t[b + "mlp.c_proj.weight"], t[b + "mlp.c_proj.bias"] = w(inner, d), 0.1 * rng.standard_normal(d)
+        else:
+            b = f"layers.{l}."
+            t[b + "post_attention_layernorm.weight"] = gain()
+            for name, shape in (("gate_proj", (inner, d)), ("up_proj", (inner, d)), ("down_proj", (d, inner))):
+                t[b + "mlp." + name + ".weight"] = w(*shape)
 
 
 def layer_output(t, layout, layer, x, d, H, Hkv=None):
@@ -125,6 +155,12 @@ def layer_output(t, layout, layer, x, d, H, Hkv=None):
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)
     return (p @ v).transpose(1, 0, 2).reshape(n, H * dh) @ wo.T
+
+
+def layer_attention(lh):
+    """Each head's Attention as the layer has it: its causal mask and rotary positions."""
+    return [particles.Attention(mask="causal" if lh.causal else "none", rotary=lh.rotary)
+            for _ in lh.heads]
 
 
 def engine_velocity(lh, x):
@@ -201,7 +237,7 @@ def test_rotary_is_carried_unless_dropped(tmp_path):
     make_checkpoint(tmp_path / "m", "llama", d=8, H=4, Hkv=2)
     lh = P.load_heads(tmp_path / "m", 0)
     assert lh.rotary == particles.Rotary(10000.0, "half")
-    assert all(a.rotary == lh.rotary and a.mask == "causal" for a in lh.attention())
+    assert lh.causal
     assert any("rotary position embeddings (rope_theta = 10000) carried" in s for s in lh.notes)
     lh = P.load_heads(tmp_path / "m", 0, rotary="drop")
     assert lh.rotary is None and any("rotary" in s and "dropped" in s for s in lh.notes)
@@ -273,7 +309,7 @@ def test_velocity_with_biases_and_rotary_is_the_full_attention_layer(tmp_path, l
     if geometry == "sphere":
         want = want - np.sum(want * x, axis=1, keepdims=True) * x
     sim = particles.Simulation(x, lh.heads, beta=1.0, rule="softmax", geometry=geometry,
-                               dtype="float64", attention=lh.attention())
+                               dtype="float64", attention=layer_attention(lh))
     assert sim.implementation == "plain"   # the pass that declares biases and rotary
     err = np.max(np.abs(sim.velocity() - want))
     assert err < 1e-12 * max(1.0, np.max(np.abs(want))), err
@@ -282,8 +318,68 @@ def test_velocity_with_biases_and_rotary_is_the_full_attention_layer(tmp_path, l
     assert np.max(np.abs(P.attention_reference(tmp_path / "m", 1, x) - full_layer_output(
         t, layout, 1, x, d, H, Hkv))) < 1e-12
     other = particles.Simulation(x, plain.heads, beta=1.0, rule="softmax", geometry=geometry,
-                                 dtype="float64", attention=plain.attention()).velocity()
+                                 dtype="float64", attention=layer_attention(plain)).velocity()
     assert np.max(np.abs(other - want)) > 1e-3
+
+
+def _reference_hidden_states(t, layout, x, d, H, Hkv, layers):
+    """The blocks written out plainly, each layout in its own convention (Hugging Face's
+    BertLayer, GPT2Block, LlamaDecoderLayer), on the embeddings x: [h_0, ..., h_layers]."""
+    from scipy.special import erf
+
+    def ln(v, name, eps):
+        mu = v.mean(1, keepdims=True)
+        out = (v - mu) / np.sqrt(((v - mu) ** 2).mean(1, keepdims=True) + eps) * t[name + ".weight"]
+        return out + t.get(name + ".bias", 0.0)
+    hs = [x]
+    for l in range(layers):
+        h = hs[-1]
+        if layout == "bert":
+            b = f"encoder.layer.{l}."
+            a = ln(h + full_layer_output(t, layout, l, h, d, H), b + "attention.output.LayerNorm", 1e-12)
+            z = a @ t[b + "intermediate.dense.weight"].T + t[b + "intermediate.dense.bias"]
+            m = (0.5 * z * (1 + erf(z / math.sqrt(2)))) @ t[b + "output.dense.weight"].T + t[b + "output.dense.bias"]
+            h = ln(a + m, b + "output.LayerNorm", 1e-12)
+        elif layout == "gpt2":
+            b = f"h.{l}."
+            h = h + full_layer_output(t, layout, l, ln(h, b + "ln_1", 1e-5), d, H)
+            z = ln(h, b + "ln_2", 1e-5) @ t[b + "mlp.c_fc.weight"] + t[b + "mlp.c_fc.bias"]
+            g = 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z ** 3)))
+            h = h + g @ t[b + "mlp.c_proj.weight"] + t[b + "mlp.c_proj.bias"]
+        else:
+            b = f"layers.{l}."
+
+            def rms(v, name):
+                return v / np.sqrt((v ** 2).mean(1, keepdims=True) + 1e-6) * t[name + ".weight"]
+            h = h + full_layer_output(t, layout, l, rms(h, b + "input_layernorm"), d, H, Hkv)
+            y = rms(h, b + "post_attention_layernorm")
+            gate, up = y @ t[b + "mlp.gate_proj.weight"].T, y @ t[b + "mlp.up_proj.weight"].T
+            h = h + (gate / (1 + np.exp(-gate)) * up) @ t[b + "mlp.down_proj.weight"].T
+        hs.append(h)
+    return hs
+
+
+@pytest.mark.parametrize("layout, H, Hkv", [("bert", 4, None), ("gpt2", 2, None), ("llama", 4, 2)])
+def test_hidden_states_are_the_models_forward(tmp_path, layout, H, Hkv):
+    """hidden_states (particles.forward through the layout's tensors) against the blocks
+    written out here, to 1e-12 relative in float64, and init = "text" with layer = l starts
+    from h_l on the sphere."""
+    d, layers = 8, 2
+    t = make_checkpoint(tmp_path / "m", layout, d=d, H=H, Hkv=Hkv, layers=layers,
+                        dtype=np.float64, llama_bias=True)
+    text = "the cat sat on the mat"
+    x0 = P.text_tokens(tmp_path / "m", text, sphere=False).x
+    want = _reference_hidden_states(t, layout, x0, d, H, Hkv, layers)
+    got = P.hidden_states(tmp_path / "m", text)
+    assert len(got) == layers + 1
+    for g, w in zip(got, want):
+        assert np.max(np.abs(g - w)) < 1e-12 * np.max(np.abs(w))
+    assert np.max(np.abs(got[2] - got[1])) > 1e-2         # the layers do move the tokens
+    tt = P.text_tokens(tmp_path / "m", text, layer=1)
+    assert np.allclose(tt.x, want[1] / np.linalg.norm(want[1], axis=1, keepdims=True), atol=1e-13)
+    assert any("layer 1's input: the model's forward through layers 0..0" in s for s in tt.notes)
+    with pytest.raises(P.PretrainedError, match="layer 3 is out of range"):
+        P.hidden_states(tmp_path / "m", text, 3)
 
 
 def test_paths_without_biases_or_rotary_refuse_them_by_name(tmp_path):
@@ -292,7 +388,7 @@ def test_paths_without_biases_or_rotary_refuse_them_by_name(tmp_path):
     x = np.random.default_rng(0).standard_normal((6, 8))
     with pytest.raises(ValueError, match="path 'fused' cannot serve.*query/key/value biases or "
                                          "rotary positions"):
-        particles.Simulation(x, lh.heads, rule="softmax", attention=lh.attention(), path="fused")
+        particles.Simulation(x, lh.heads, rule="softmax", attention=layer_attention(lh), path="fused")
     with pytest.raises(ValueError, match="entropy rate"):
         particles.Simulation(x, lh.heads, rule="softmax", entropy_rate=True)
 
@@ -459,6 +555,19 @@ def test_scene_text_tokens_and_pretrained_heads(tmp_path):
     assert np.allclose(scene.build_tokens(), P.text_tokens(tmp_path / "m", "the cat sat on the mat").x)
     aligned = _scene(tmp_path / "v", heads={"value_from": "score"})
     assert all(np.allclose(h.value, h.score) for h in aligned.build_heads())
+
+
+def test_scene_text_at_a_layer_starts_from_its_hidden_state(tmp_path):
+    scene = _scene(tmp_path, tokens={"layer": 1})
+    assert scene.data["tokens"]["layer"] == 1
+    want = P.hidden_states(tmp_path / "m", "the cat sat on the mat")[1]
+    assert np.allclose(scene.build_tokens(), want / np.linalg.norm(want, axis=1, keepdims=True),
+                       atol=1e-12)
+    from scenes import SceneError
+    with pytest.raises(SceneError, match=r"\[tokens\] layer: .*layer 3 is out of range"):
+        _scene(tmp_path / "x", tokens={"layer": 3})
+    with pytest.raises(SceneError, match=r"\[tokens\] layernorm: layernorm = false applies to layer 0"):
+        _scene(tmp_path / "y", tokens={"layer": 1, "layernorm": False})
 
 
 def test_scene_of_a_causal_model_gets_the_causal_mask(tmp_path):
