@@ -65,3 +65,101 @@ def test_both_schedules_of_the_column_reduction_match_numpy(reduction):
     xx = x_np.astype(np.float64)
     want_x = (xx / np.linalg.norm(xx, axis=-1, keepdims=True)).sum(axis=1)
     np.testing.assert_allclose(got_x, want_x, rtol=1e-12, atol=1e-12)
+
+
+_TOY = r"""
+import numpy as np
+from particles import kernel_math, layout
+import test_path_capabilities as t
+import reference as ref
+from conftest import general_heads, random_tokens
+
+ti = kernel_math.ti
+TOY_SLOT = layout.tok_slot(0, layout.SLOT_ENTROPY_RATE)   # free while the entropy rate is off
+shared_norm, shared_observables = kernel_math.normalisation, kernel_math.token_observables
+
+def halved(real, softmax, exponential, guarded=True):
+    row_norm = shared_norm(real, softmax, exponential, guarded)
+
+    @ti.func
+    def toy(wsum, m, count):
+        return row_norm(wsum, m, count) * 0.5
+    return toy
+
+def with_toy(H, d, sphere, zero, absolute, head_output, point, radial_shadow, row_stat, store):
+    observe = shared_observables(H, d, sphere, zero, absolute, head_output, point, radial_shadow,
+                                 row_stat, store)
+
+    @ti.func
+    def toy(f: ti.template(), y: ti.template(), radial: ti.template(), row: ti.template(),
+            tok: ti.template(), b, i, n, v_radial, kinetic):
+        observe(f, y, radial, row, tok, b, i, n, v_radial, kinetic)
+        store(tok, b, i, n, TOY_SLOT, kinetic + 2 * point(y, b, i, 0))   # |xdot_i|^2 + 2 x_i0
+    return toy
+
+kernel_math.normalisation = halved          # before any pass is compiled
+kernel_math.token_observables = with_toy
+import particles
+seen = []
+for path, implementation, (rule, attention, n) in t.IMPLEMENTATION_TABLE:
+    x, heads = random_tokens(n, t.D, seed=21), general_heads(t.H, t.D, seed=22)
+    sim = particles.Simulation(x, heads, beta=t.BETA, rule=rule, dtype="float64", path=path,
+                               attention=attention)
+    atts = attention or [particles.Attention()] * t.H
+    specs = [ref.HeadSpec(a.rule.name if a.rule is not None else rule, beta=a.beta, mask=a.mask,
+                          window=a.window, alibi=a.alibi) for a in atts]
+    # Sinkhorn's rows are scaled by its own potentials, not by the shared row normalisation
+    want = (1.0 if implementation == "sinkhorn" else 0.5) * ref.spec_velocity(x, heads, t.BETA, specs)
+    err = np.max(np.abs(sim.velocity() - want)) / np.max(np.abs(want))
+    assert err < 1e-10, ("normalisation", path, implementation, err)
+    sim.observe()
+    toy = sim._tok.to_numpy()[0, :, TOY_SLOT]
+    want_toy = (want ** 2).sum(axis=1) + 2 * x[:, 0]
+    err = np.max(np.abs(toy - want_toy)) / np.max(np.abs(want_toy))
+    assert err < 1e-10, ("observable", path, implementation, err)
+    seen.append(f"{path}-{sim.implementation}")
+print(" ".join(seen))
+"""
+
+
+def test_a_toy_observable_and_normalisation_in_the_shared_library_reach_every_implementation(tmp_path):
+    """kernel_math.token_observables and kernel_math.normalisation are each the one home of
+    their mathematics: replaced in a fresh interpreter before anything compiles (an extra
+    per-token observable |xdot_i|^2 + 2 x_i0 in a free slot; half of every row's pull),
+    every (path, implementation) of the capability table (test_path_capabilities) writes the
+    observable and returns half the float64 reference's velocity, to 1e-10."""
+    import test_path_capabilities as table
+    script = tmp_path / "toy.py"   # a file: Taichi reads a ti.func's source
+    script.write_text(_TOY)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+           "PARTICLES_TUNING": "off"}
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = proc.stdout.split()
+    assert sorted(seen) == sorted(f"{p}-{i}" for p, i, _ in table.IMPLEMENTATION_TABLE), seen
+
+
+def test_a_fused_simulation_measures_and_caches_no_tuning(tmp_path, monkeypatch):
+    """With tuning on and an empty cache, a simulation on the fused path builds no wide pass:
+    nothing is measured, no cache entry is written and sim.tuning is '-'; the same system on
+    the tiled path (the wide pass from n = 512) measures once and writes its entry (the
+    measurement itself replaced by fixed times: what is tested is who asks for it)."""
+    from particles import tuning
+    cache = tmp_path / "tuning.json"
+    monkeypatch.setenv(tuning.ENV, "measure")
+    monkeypatch.setenv(tuning.CACHE_ENV, str(cache))
+    asked = []
+
+    def fixed_times(candidates, prepare):
+        asked.append(len(candidates))
+        return {t.label: 1.0 for t in candidates}
+    monkeypatch.setattr(tuning, "best_times", fixed_times)
+    x = random_tokens(paths.WIDE_MIN_N + 88, 3, seed=2)
+    heads = [np.eye(3), 0.5 * np.eye(3)]
+    fused = particles.Simulation(x, heads, rule="softmax")
+    assert (fused.path, fused.implementation, fused.tuning) == ("fused", "fused", "-")
+    assert asked == [] and not cache.exists()
+    tiled = particles.Simulation(x, heads, rule="softmax", path="tiled")
+    assert tiled.implementation == "wide" and tiled.tuning.endswith("(measured)")
+    assert asked == [3] and len(json.loads(cache.read_text())) == 1
