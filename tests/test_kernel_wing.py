@@ -163,3 +163,14 @@ def test_a_fused_simulation_measures_and_caches_no_tuning(tmp_path, monkeypatch)
     tiled = particles.Simulation(x, heads, rule="softmax", path="tiled")
     assert tiled.implementation == "wide" and tiled.tuning.endswith("(measured)")
     assert asked == [3] and len(json.loads(cache.read_text())) == 1
+
+
+def test_run_json_records_the_implementation_beside_the_path(tmp_path):
+    """run.json names the code that ran (sim.implementation), not only the path: 512 tokens in
+    float64 take the tiled path's wide pass."""
+    from particles.app.run import run_scene
+    from scenes import load_scene
+    scene = load_scene("quickstart", overrides=["tokens.n=512", "dynamics.dtype=float64", "dynamics.steps=1"])
+    run_scene(scene, tmp_path / "run", render=False, progress=False, echo=lambda *a: None)
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert (info["path"], info["implementation"]) == ("tiled", "wide")

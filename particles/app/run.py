@@ -384,7 +384,8 @@ class Runner:
                 "steps_done": sim.step_count, "arch_requested": self.scene.dynamics.arch, "arch": sim.arch,
                 "dtype": sim.dtype, "seed": self.scene.tokens.seed,
                 "versions": versions, "machine": fingerprint, "segments": self.segments_before + [segment],
-                "path": sim.path, "tuning": sim.tuning,   # speed choices: tiles measured per machine
+                "path": sim.path, "implementation": sim.implementation,   # the code that ran
+                "tuning": sim.tuning,   # speed choices: tiles measured per machine
                 "tiles": self.tiles,   # the wide pass's tiles by pass class, which a resume keeps
                 "files": {"log": "log.csv", "scene": "scene.toml",
                           "trajectory": "trajectory" if self.traj else None,
