@@ -10,6 +10,7 @@ read back (empty, truncated) raises RunFileError naming it.
 """
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -245,7 +246,6 @@ class TrajectoryWriter:
     def flush(self) -> None:
         if not self._steps:
             return
-        import io
         buf = io.BytesIO()
         np.savez_compressed(buf, steps=np.array(self._steps, dtype=np.int64),
                             times=np.array(self._times), tokens=np.stack(self._tokens))
@@ -258,7 +258,9 @@ class TrajectoryWriter:
         self.flush()
 
 
-def _read_chunk(chunk: Path, keys=("steps", "times", "tokens")) -> dict:
+def read_chunk(chunk: Path, keys=("steps", "times", "tokens")) -> dict:
+    """The arrays ``keys`` of one trajectory chunk file (RunFileError if it is missing, a link,
+    corrupt, or its arrays differ in length)."""
     refuse_link(chunk)
     try:
         fh = open_run_file(chunk, "trajectory chunk ")
@@ -291,7 +293,7 @@ def count_frames(folder: Path, chunks: int) -> int:
     total = 0
     for i in range(chunks):
         path = Path(folder) / chunk_name(i)
-        total += len(_read_chunk(path, ("steps",))["steps"])
+        total += len(read_chunk(path, ("steps",))["steps"])
     return total
 
 
@@ -310,7 +312,7 @@ def load_trajectory(path: str | Path):
     chunks = trajectory_chunks(folder)
     if not chunks:
         raise FileNotFoundError(f"trajectory in {str(folder)!r} has no chunks yet")
-    parts = [_read_chunk(chunk) for chunk in chunks]
+    parts = [read_chunk(chunk) for chunk in chunks]
     shapes = {p["tokens"].shape[1:] for p in parts}
     if len(shapes) > 1:
         raise RunFileError(f"trajectory {str(folder)!r} mixes token shapes {sorted(shapes)}: its "

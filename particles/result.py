@@ -266,22 +266,6 @@ class Trajectory(NamedTuple):
         return _app("write_html")(self, path, log, replica=replica, max_frames=max_frames, **render)
 
 
-class _Html:
-    """HTML that Jupyter displays (``_repr_html_``); ``str()`` gives the markup."""
-
-    def __init__(self, markup: str):
-        self.markup = markup
-
-    def _repr_html_(self) -> str:
-        return self.markup
-
-    def __str__(self) -> str:
-        return self.markup
-
-    def __repr__(self) -> str:
-        return f"<inline animation: {len(self.markup)} characters of HTML; display it in Jupyter>"
-
-
 __all__ = ["Result", "Trajectory"]
 
 

@@ -15,7 +15,7 @@ import taichi as ti
 
 from . import backend
 from .kernel_math import rule_lift
-from .rules import Rule
+from .rules import Rule, files_defining
 
 PROBE_SECONDS = float(os.environ.get("PARTICLES_RULE_PROBE_SECONDS", "60"))   # per probe child
 
@@ -92,8 +92,7 @@ def probe_in_child(rule: Rule, dtype: str, n: int = 0) -> None:
     so a crash (SIGFPE from an integer division by zero at i == j, a segfault) or an
     endless loop becomes a RuleCompileError naming the rule instead of taking the process
     down. Rules defined elsewhere (a notebook) cannot be re-made in a child: skipped."""
-    from .rules import _LOADED_FILES
-    files = [path for path, names in _LOADED_FILES.items() if rule.name in names]
+    files = files_defining(rule.name)
     if not files:
         return
     source = Path(files[-1])

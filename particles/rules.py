@@ -30,11 +30,10 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
-
-import taichi as ti
 
 NORMALIZATIONS = ("softmax", "mean")
 
@@ -69,12 +68,14 @@ def _kernel_arity(name: str, fn: Callable) -> int:
     return count
 
 
+# the built-in rules in Taichi's own max (ti.func maps the builtin to ti.max), so that this
+# registry of plain functions never imports Taichi: scenes and Attention read it
 def _relu(z):
-    return ti.max(z, 0)
+    return max(z, 0)
 
 
 def _relu_potential(z):
-    p = ti.max(z, 0)
+    p = max(z, 0)
     return p * p / 2
 
 
@@ -164,9 +165,13 @@ def _forget(module_name: str, before: set) -> None:
 
 
 def _user_line(err: BaseException, path: Path) -> str:
-    import traceback
     frames = [f for f in traceback.extract_tb(err.__traceback__) if Path(f.filename) == path]
     return f" at line {frames[-1].lineno}" if frames else ""
+
+
+def files_defining(name: str) -> list[Path]:
+    """The rule files loaded so far that registered rule ``name``, in load order."""
+    return [path for path, names in _LOADED_FILES.items() if name in names]
 
 
 def load_rule_file(path: str | Path) -> list[str]:

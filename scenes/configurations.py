@@ -18,15 +18,20 @@ from pathlib import Path
 
 import numpy as np
 
+from particles.pretrained import text_tokens
+
 __all__ = [
     "random", "equiangular", "check_equiangular", "equiangular_min_dim", "equiangular_range",
-    "orthogonal", "clusters", "from_file", "perturb", "random_frame",
+    "orthogonal", "clusters", "from_file", "perturb", "random_frame", "seeded_rng",
+    "equiangular_coordinates",
 ]
 
 _BOUNDARY_TOL = 1e-12
 
 
-def _rng(seed, stream: int | None = None) -> np.random.Generator:
+def seeded_rng(seed, stream: int | None = None) -> np.random.Generator:
+    """The generator of ``seed`` (every random choice of the scenes comes from one); ``stream``
+    gives an independent generator of the same seed (the noise, the values)."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
     if stream is None:
@@ -65,7 +70,7 @@ def random(n: int, d: int, seed: int = 0) -> np.ndarray:
     """n independent uniform points on S^{d-1} (normalised standard Gaussians)."""
     n = _check_size("n", n, 1)
     d = _check_size("d", d, 1)
-    return _normalise_rows(_rng(seed).standard_normal((n, d)))
+    return _normalise_rows(seeded_rng(seed).standard_normal((n, d)))
 
 
 # ----------------------------------------------------------------------------- equiangular
@@ -98,7 +103,7 @@ def equiangular_min_dim(n: int, gamma: float) -> int:
     return _equiangular_rank(n, float(gamma))
 
 
-def _equiangular_coordinates(n: int, gamma: float) -> np.ndarray:
+def equiangular_coordinates(n: int, gamma: float) -> np.ndarray:
     """n x r coordinates X with X X^T = (1 - gamma) I + gamma 11^T, r = rank.
 
     Uses the Helmert basis: its first column 1/sqrt(n) spans the eigenvector of
@@ -140,8 +145,8 @@ def equiangular(n: int, d: int, gamma: float = 0.0, seed: int = 0) -> np.ndarray
     The configuration is embedded in R^d by a random orthonormal frame drawn from ``seed``.
     """
     n, d, gamma = check_equiangular(n, d, gamma)
-    coords = _equiangular_coordinates(n, gamma)
-    frame = random_frame(d, coords.shape[1], _rng(seed))
+    coords = equiangular_coordinates(n, gamma)
+    frame = random_frame(d, coords.shape[1], seeded_rng(seed))
     return _normalise_rows(coords @ frame.T)
 
 
@@ -152,7 +157,7 @@ def orthogonal(n: int, d: int, seed: int = 0) -> np.ndarray:
     if n > d:
         raise ValueError(f"orthogonal configuration needs n <= d (at most d orthonormal vectors), "
                          f"got n = {n} > d = {d}")
-    return np.ascontiguousarray(random_frame(d, n, _rng(seed)).T)
+    return np.ascontiguousarray(random_frame(d, n, seeded_rng(seed)).T)
 
 
 def clusters(n: int, d: int, k: int = 3, spread: float = 0.1, seed: int = 0,
@@ -172,7 +177,7 @@ def clusters(n: int, d: int, k: int = 3, spread: float = 0.1, seed: int = 0,
         raise ValueError(f"spread must be a finite number >= 0 (radians), got {spread!r}")
     if k > n:
         raise ValueError(f"cannot make k = {k} clusters from n = {n} tokens (need k <= n)")
-    rng = _rng(seed)
+    rng = seeded_rng(seed)
     if centers is None:
         c = _normalise_rows(rng.standard_normal((k, d)), "cluster centres")
     else:
@@ -248,7 +253,7 @@ def perturb(x, noise: float, seed: int = 0) -> np.ndarray:
         raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
     if noise == 0:
         return _normalise_rows(x.copy())
-    return _normalise_rows(x + noise * _rng(seed, stream=1).standard_normal(x.shape),
+    return _normalise_rows(x + noise * seeded_rng(seed, stream=1).standard_normal(x.shape),
                            "perturbed configuration")
 
 
@@ -259,5 +264,4 @@ def text(model, sentence: str, layernorm: bool = True, layer: int = 0) -> np.nda
     position + token type, then the embedding LayerNorm if ``layernorm``), on the unit sphere;
     ``layer = l > 0``: the hidden state entering layer l (the model's own forward).
     The token strings: ``particles.pretrained.text_tokens(model, sentence).strings``."""
-    from particles.pretrained import text_tokens
     return text_tokens(model, sentence, layernorm=layernorm, layer=layer).x

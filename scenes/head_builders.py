@@ -22,8 +22,9 @@ import math
 import numpy as np
 
 from particles.heads import Head
+from particles.pretrained import load_heads
 
-from .configurations import _equiangular_coordinates, _rng, random_frame
+from .configurations import equiangular_coordinates, seeded_rng, random_frame
 
 __all__ = [
     "scalar", "subspace", "subspaces", "subspace_basis", "near_orthogonal",
@@ -71,7 +72,7 @@ def with_value(head: Head, value: str = "aligned", value_noise: float = 0.0, see
     d = head.dim
     v = head.value.copy() if value == "aligned" else np.eye(d)
     if value_noise > 0:
-        v = v + value_noise * _rng(seed, stream=2).standard_normal((d, d)) / math.sqrt(d)
+        v = v + value_noise * seeded_rng(seed, stream=2).standard_normal((d, d)) / math.sqrt(d)
     return Head.from_factors(head.query, head.key, value_out=np.eye(d), value_in=v)
 
 
@@ -187,8 +188,8 @@ def near_orthogonal_bases(count: int, d: int, rank: int = 1, angle_deg: float = 
     check_near_orthogonal(count, d, rank, angle_deg)
     angle_deg = float(angle_deg)
     cos = 0.0 if angle_deg == 90 else math.cos(math.radians(angle_deg))
-    g = _equiangular_coordinates(count, cos)          # count x count, rows at mutual cos
-    frame = random_frame(d, count * rank, _rng(seed))   # d x (count*rank), orthonormal
+    g = equiangular_coordinates(count, cos)          # count x count, rows at mutual cos
+    frame = random_frame(d, count * rank, seeded_rng(seed))   # d x (count*rank), orthonormal
     eye = np.eye(rank)
     return [frame @ np.kron(g[h][:, None], eye) for h in range(count)]
 
@@ -210,7 +211,7 @@ def near_orthogonal(count: int, d: int, rank: int = 1, angle_deg: float = 75.0, 
 def random_symmetric(d: int, seed: int = 0, strength: float = 1.0) -> Head:
     """M = V = strength * (A + A^T) / (2 sqrt d), A standard Gaussian d x d (GOE-like)."""
     d = _check_dim(d)
-    a = _rng(seed).standard_normal((d, d))
+    a = seeded_rng(seed).standard_normal((d, d))
     return Head.from_matrices(_finite("strength", strength) * (a + a.T) / (2.0 * math.sqrt(d)))
 
 
@@ -220,7 +221,7 @@ def random(d: int, rank: int | None = None, seed: int = 0, strength: float = 1.0
     rank = d if rank is None else int(rank)
     if rank < 1:
         raise ValueError(f"rank must be >= 1, got {rank}")
-    rng = _rng(seed)
+    rng = seeded_rng(seed)
     q = rng.standard_normal((rank, d)) / math.sqrt(d)
     k = rng.standard_normal((rank, d)) / math.sqrt(d)
     return Head.from_factors(q, _finite("strength", strength) * k)
@@ -240,5 +241,4 @@ def pretrained(model, layer: int = 0, select=None, fold_layernorm: bool = False,
     folder or an installed package; M_h = W_Q,h^T W_K,h / sqrt(d_head), V_h = W_O,h W_V,h
     (``value_from = "score"``: V_h = M_h), with their biases unless ``biases = "drop"``. The
     rotary positions ride the heads' Attention (``particles.app.build.head_attention``)."""
-    from particles.pretrained import load_heads
     return load_heads(model, layer, select, fold_layernorm, rotary, value_from, biases).heads

@@ -17,6 +17,7 @@ import warnings
 from dataclasses import dataclass, fields, make_dataclass
 
 from . import schema
+from .builders import build_heads, build_tokens
 
 FROZEN_MESSAGE = "a Scene is frozen after validation: make a changed one with scene.replace(...)"
 
@@ -99,7 +100,6 @@ class Tokens(_TokensFields):
 
     def __call__(self):
         """Deprecated: ``scene.build_tokens()``."""
-        from .scene import build_tokens
         _renamed("scene.tokens()", "scene.build_tokens()")
         return build_tokens(_section_dict(self))
 
@@ -115,7 +115,6 @@ class Heads(tuple):
 
     def __call__(self):
         """Deprecated: ``scene.build_heads()``."""
-        from .scene import build_heads
         _renamed("scene.heads()", "scene.build_heads()")
         return build_heads(thaw(self._raw), self._d)
 

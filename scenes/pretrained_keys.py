@@ -20,6 +20,8 @@ from pathlib import Path
 
 from particles import pretrained
 
+from . import specs as S
+
 TOKEN_KEYS = ("text", "model", "layernorm", "layer", "strings")
 HEAD_KEYS = ("model", "layer", "select", "fold_layernorm", "biases", "rotary", "rotary_theta",
              "rotary_pairs", "value_from")
@@ -37,7 +39,6 @@ def model_source(model: str, base_dir: Path) -> str:
 
 
 def _model(sec, base_dir):
-    from . import schema as S
     m = sec.take("model", S.string(nonempty=True), required=True, store=False)
     if m is S.MISSING:
         return m
@@ -55,7 +56,6 @@ def _problem(sec, exc, default_key: str) -> None:
 
 def tokens(sec, base_dir, n, d) -> None:
     """Validate init = "text" and fill n and d from the tokenized text and the model."""
-    from . import schema as S
     text = sec.take("text", S.string(nonempty=True), required=True)
     model = _model(sec, base_dir)
     layernorm = sec.take("layernorm", S.boolean(), True)
@@ -80,7 +80,6 @@ def tokens(sec, base_dir, n, d) -> None:
 
 
 def _select(v):
-    from . import schema as S
     if isinstance(v, list) and v and all(S.is_int(i) and i >= 0 for i in v) and \
             len(set(v)) == len(v):
         return list(v)
@@ -89,7 +88,6 @@ def _select(v):
 
 def head_entry(sec, base_dir, d) -> None:
     """Validate a [heads] kind = "pretrained" table (reads the model's config and one layer)."""
-    from . import schema as S
     for key in ("strength", "strengths"):
         sec.not_applicable(key, "to kind = 'pretrained' (the heads are the model's: pick them "
                                 "with select; scale them with beta)")
@@ -108,7 +106,6 @@ def head_entry(sec, base_dir, d) -> None:
     pairs = sec.take("rotary_pairs", S.string(), store=False) if sec.has("rotary_pairs") else None
     value_from = sec.take("value_from", S.choice(*VALUE_FROM), "weights")
     sec.take("seed", S.integer(0), 0)
-    S._head_attention(sec)
     if S.MISSING in (model, layer, select, fold, rotary, value_from, biases):
         return
     try:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
 import numpy as np
 
@@ -21,8 +19,8 @@ from particles import validation
 from particles.vocabulary import ARCHES, BUILTIN_RULES, DTYPES, GEOMETRIES, MASKS, NORMALISATIONS
 
 from . import configurations, head_builders, pretrained_keys
-
-MISSING: Any = object()
+from .specs import (MISSING, BadValue, Spec, boolean, choice, has_control_character, int_pair,
+                    integer, number, number_list, show, string, type_name, vectors)
 
 SECTIONS = ("tokens", "heads", "dynamics", "log", "render", "output")
 TOP_KEYS = ("name", "description") + SECTIONS + ("layers",)
@@ -77,188 +75,6 @@ SECTION_KEYS = {"tokens": TOKEN_KEYS, "heads": HEAD_KEYS, "dynamics": DYNAMICS_K
                 "log": LOG_KEYS, "render": RENDER_KEYS, "output": OUTPUT_KEYS, "layers": LAYER_KEYS}
 
 
-# ----------------------------------------------------------------------------- value specs
-
-class _Bad(Exception):
-    """A value failed its spec; ``wrong_type`` tells a type error from a range error."""
-
-    def __init__(self, wrong_type: bool, hint: str = ""):
-        super().__init__(hint)
-        self.wrong_type = wrong_type
-        self.hint = hint
-
-
-@dataclass(frozen=True)
-class Spec:
-    expected: str                       # "an integer >= 2", used in messages and the README
-    convert: Callable[[Any], Any]       # returns the converted value or raises _Bad
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _bounds_text(lo, hi, lo_open, hi_open) -> str:
-    if lo is not None and hi is not None:
-        return f" in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
-    if lo is not None:
-        return f" {'>' if lo_open else '>='} {lo:g}"
-    if hi is not None:
-        return f" {'<' if hi_open else '<='} {hi:g}"
-    return ""
-
-
-def _in_bounds(v, lo, hi, lo_open, hi_open) -> bool:
-    if lo is not None and (v <= lo if lo_open else v < lo):
-        return False
-    if hi is not None and (v >= hi if hi_open else v > hi):
-        return False
-    return True
-
-
-def integer(lo=None, hi=None) -> Spec:
-    def convert(v):
-        if not _is_int(v):
-            raise _Bad(True)
-        if not _in_bounds(v, lo, hi, False, False):
-            raise _Bad(False)
-        return v
-    return Spec("an integer" + _bounds_text(lo, hi, False, False), convert)
-
-
-def number(lo=None, hi=None, lo_open=False, hi_open=False) -> Spec:
-    def convert(v):
-        if not _is_number(v):
-            raise _Bad(True)
-        v = float(v)
-        if not math.isfinite(v) or not _in_bounds(v, lo, hi, lo_open, hi_open):
-            raise _Bad(False)
-        return v
-    return Spec("a number" + _bounds_text(lo, hi, lo_open, hi_open), convert)
-
-
-def boolean() -> Spec:
-    def convert(v):
-        if not isinstance(v, bool):
-            raise _Bad(True)
-        return v
-    return Spec("true or false", convert)
-
-
-def string(nonempty: bool = False) -> Spec:
-    def convert(v):
-        if not isinstance(v, str):
-            raise _Bad(True)
-        if nonempty and not v.strip():
-            raise _Bad(False)
-        return v
-    return Spec("a non-empty string" if nonempty else "a string", convert)
-
-
-def choice(*options: str) -> Spec:
-    def convert(v):
-        if not isinstance(v, str):
-            raise _Bad(True)
-        if v not in options:
-            close = difflib.get_close_matches(v, options, n=1)
-            raise _Bad(False, f"; did you mean '{close[0]}'?" if close else "")
-        return v
-    return Spec("one of " + ", ".join(f"'{o}'" for o in options), convert)
-
-
-def number_list(lo=None, lo_open=False, length: int | None = None, nonempty=True) -> Spec:
-    item = number(lo, lo_open=lo_open)
-
-    def convert(v):
-        if not isinstance(v, list) or not all(_is_number(x) for x in v):
-            raise _Bad(True)
-        if nonempty and not v:
-            raise _Bad(False)
-        if length is not None and len(v) != length:
-            raise _Bad(False)
-        try:
-            return [item.convert(x) for x in v]
-        except _Bad:
-            raise _Bad(False) from None
-    text = "a list of numbers" + _bounds_text(lo, None, lo_open, False).replace(" ", " each ", 1)
-    if length is not None:
-        text += f" of length {length}"
-    return Spec(text, convert)
-
-
-def int_pair(lo=0) -> Spec:
-    def convert(v):
-        if not isinstance(v, list) or not all(_is_int(x) for x in v):
-            raise _Bad(True)
-        if len(v) != 2 or v[0] < lo or v[1] <= v[0]:
-            raise _Bad(False)
-        return list(v)
-    return Spec("[start, stop] with integers 0 <= start < stop", convert)
-
-
-def vectors(cols: int | None, rows: int | None = None, square: bool = False) -> Spec:
-    """A nested list of numbers: rows x cols (a list of vectors / a matrix)."""
-    shape = f"({rows if rows is not None else 'k'}, {cols if cols is not None else 'd'})"
-    what = "a d x d matrix (list of rows)" if square else "a list of vectors"
-
-    def convert(v):
-        if not isinstance(v, list) or not v or not all(isinstance(r, list) for r in v):
-            raise _Bad(True)
-        if not all(_is_number(x) for r in v for x in r):
-            raise _Bad(True)
-        if len({len(r) for r in v}) != 1:
-            raise _Bad(False, "; the rows have different lengths")
-        if (cols is not None and len(v[0]) != cols) or (rows is not None and len(v) != rows):
-            raise _Bad(False, f"; found shape ({len(v)}, {len(v[0])})")
-        if not all(math.isfinite(float(x)) for r in v for x in r):
-            raise _Bad(False, "; it holds NaN or Inf")
-        return [[float(x) for x in r] for r in v]
-    return Spec(f"{what} of shape {shape}", convert)
-
-
-def _type_name(v) -> str:
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, int):
-        return "an integer"
-    if isinstance(v, float):
-        return "a number"
-    if isinstance(v, str):
-        return "a string"
-    if isinstance(v, list):
-        return "a list"
-    if isinstance(v, dict):
-        return "a table"
-    return type(v).__name__
-
-
-def has_control_character(text: str) -> bool:
-    """A newline, a null byte or another control character (also the Unicode line and
-    paragraph separators): in a file or folder name such a character breaks paths and lines."""
-    import unicodedata
-    return any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in text)
-
-
-def show(v) -> str:
-    """A value as it would appear in TOML (short)."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return repr(v)
-    if isinstance(v, dict):
-        return "a table"
-    if isinstance(v, list):
-        text = "[" + ", ".join(show(x) for x in v[:6]) + (", ...]" if len(v) > 6 else "]")
-        return text if len(text) <= 80 else text[:77] + "..."
-    return repr(v)
-
-
-# the value checks other validators share (the sweep file's): public names
-is_int, is_number, BadValue = _is_int, _is_number, _Bad
 
 
 # ----------------------------------------------------------------------------- sections
@@ -284,7 +100,7 @@ class _Section:
         self.ok = isinstance(raw, dict)
         if not self.ok:
             problems.append(f"{name}: expected a table {label}, got {show(raw)} "
-                            f"({_type_name(raw)})")
+                            f"({type_name(raw)})")
             raw = {}
         self.raw = raw
         for key in raw:
@@ -309,8 +125,8 @@ class _Section:
         v = self.raw[key]
         try:
             value = spec.convert(v)
-        except _Bad as bad:
-            kind = f" ({_type_name(v)})" if bad.wrong_type else ""
+        except BadValue as bad:
+            kind = f" ({type_name(v)})" if bad.wrong_type else ""
             self.problem(key, f"expected {spec.expected}, got {show(v)}{kind}{bad.hint}")
             return MISSING
         if store:
@@ -475,6 +291,7 @@ def _head_entry(problems, raw, label: str, form: str, d, base_dir: Path) -> dict
             else:
                 sec.not_applicable(key, f"to kind = '{kind}'")
     if kind == "pretrained":
+        _head_attention(sec)
         pretrained_keys.head_entry(sec, base_dir, d)
         return {k: sec.out[k] for k in HEAD_KEYS if k in sec.out}
 
@@ -617,7 +434,7 @@ def _heads(problems, raw, d, base_dir: Path, where: str = ""):
         out = _head_entry(problems, raw, f"{where}[heads]", "table", d, base_dir)
         return out, out.get("count")
     problems.append(f"heads: expected a table [heads] or an array of tables [[heads]], got "
-                    f"{show(raw)} ({_type_name(raw)})")
+                    f"{show(raw)} ({type_name(raw)})")
     return {}, None
 
 
@@ -748,7 +565,7 @@ def _layers(problems, raw, dyn: dict, d, base_dir: Path, n_heads):
         return MISSING
     if not isinstance(raw, list) or not raw:
         problems.append(f"layers: expected an array of tables [[layers]] (one per layer after the "
-                        f"first), got {show(raw)} ({_type_name(raw)})")
+                        f"first), got {show(raw)} ({type_name(raw)})")
         return MISSING
     every = dyn.get("layer_every")
     dt = dyn.get("dt")
@@ -865,14 +682,14 @@ def _render(problems, raw, n_heads, log: dict) -> dict:
 
 def _panels(v):
     if not isinstance(v, list) or not all(isinstance(p, str) for p in v):
-        raise _Bad(True)
+        raise BadValue(True)
     bad = [p for p in v if p not in PANELS]
     if bad:
         close = difflib.get_close_matches(bad[0], PANELS, n=1)
-        raise _Bad(False, f"; unknown panel '{bad[0]}'" +
+        raise BadValue(False, f"; unknown panel '{bad[0]}'" +
                    (f" (did you mean '{close[0]}'?)" if close else ""))
     if len(set(v)) != len(v):
-        raise _Bad(False, "; a panel is listed twice")
+        raise BadValue(False, "; a panel is listed twice")
     return list(v)
 
 

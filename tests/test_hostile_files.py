@@ -126,4 +126,4 @@ def test_a_checkpoint_that_is_not_a_file_is_unusable_not_waited_on(tmp_path, kin
     from particles.app import checkpoint
     plant(tmp_path / "checkpoint.npz", kind)
     with pytest.raises(output.RunFileError, match="cannot be read.*not a regular file"):
-        within(10, checkpoint._read, tmp_path / "checkpoint.npz")
+        within(10, checkpoint.read_checkpoint_file, tmp_path / "checkpoint.npz")

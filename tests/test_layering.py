@@ -35,40 +35,16 @@ DOORS = {
     ("particles", "particles.app.build"),
     ("particles.result", "particles.app.notebook"),
 }
-# forbidden, and still there (owned elsewhere; each a follow-up of issue 33)
-KNOWN_CYCLES = {
-    frozenset({"scenes", "scenes.models", "scenes.pretrained_keys", "scenes.scene", "scenes.schema"}),
-    frozenset({"particles.app.reproduce", "particles.app.reproduce.e1_energy",
-               "particles.app.reproduce.e2_radial", "particles.app.reproduce.e3_critical",
-               "particles.app.reproduce.e4_heterogeneous", "particles.app.reproduce.e5_relu",
-               "particles.app.reproduce.e7_near_orthogonal", "particles.app.reproduce.e8_causal"}),
-    frozenset({"particles.app.sweep", "particles.app.sweep.cli", "particles.app.sweep.runner"}),
-}
-KNOWN_PRIVATE = {
-    ("particles.app.notebook", "particles.result._Html"),
-    ("particles.app.rerender", "particles.output._read_chunk"),
-    ("particles.app.run", "particles.app.checkpoint._read"),
-    ("particles.app.sweep.spec", "particles.app.sweep.grid._dedupe"),
-    ("particles.app.sweep.spec", "particles.app.sweep.grid._expand"),
-    ("particles.app.sweep.spec", "particles.app.sweep.grid._expand_values"),
-    ("particles.app.sweep.spec", "particles.app.sweep.grid._show"),
-    ("particles.app.sweep.store", "particles.app.sweep.grid._cell"),
-    ("particles.rule_check", "particles.rules._LOADED_FILES"),
-    ("scenes.head_builders", "scenes.configurations._equiangular_coordinates"),
-    ("scenes.head_builders", "scenes.configurations._rng"),
-    ("scenes.pretrained_keys", "scenes.schema._head_attention"),
-}
+# forbidden, and still there (each a follow-up of issue 33)
+KNOWN_CYCLES = set()
+KNOWN_PRIVATE = set()
 # function-local imports in the core and scenes, per module (each a way around a cycle or a
 # slow import; none may be added)
-KNOWN_LOCAL_IMPORTS = {
-    "particles.machine": 1, "particles.output": 1, "particles.pretrained": 1, "particles.result": 9,
-    "particles.rule_check": 1, "particles.rules": 1, "scenes.configurations": 1,
-    "scenes.head_builders": 1, "scenes.models": 2, "scenes.pretrained_keys": 4, "scenes.scene": 1,
-    "scenes.schema": 1,
-}
+KNOWN_LOCAL_IMPORTS = {"particles.machine": 1, "particles.pretrained": 1, "particles.result": 7}
 # modules that promise never to start Taichi (the scene schema, the renderer, the file formats
 # and the engine's Taichi-free tables)
-TAICHI_FREE = ("scenes", "render", "particles", "particles.heads", "particles.output",
+TAICHI_FREE = ("scenes", "render", "particles", "particles.heads", "particles.attention", "particles.rules",
+               "particles.pretrained", "particles.output",
                "particles.observables", "particles.layout", "particles.paths", "particles.integrators",
                "particles.errors", "particles.vocabulary", "particles.clock", "particles.machine")
 
@@ -115,10 +91,14 @@ def imports_of(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            found.append((node.lineno, target))
-            # `from . import kernels`, `from particles import app`: the names may be modules
-            found += [(node.lineno, f"{target}.{alias.name}") for alias in node.names
-                      if _is_module(f"{target}.{alias.name}", root)]
+            # `from . import kernels`, `from particles import app`: a name that is a module
+            # imports that module (its package is loaded first, as for any submodule, but none
+            # of the package's own names is read); any other name is read from the target
+            submodules = [f"{target}.{alias.name}" for alias in node.names
+                          if _is_module(f"{target}.{alias.name}", root)]
+            if len(submodules) < len(node.names):
+                found.append((node.lineno, target))
+            found += [(node.lineno, module) for module in submodules]
         elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) \
                 in ("import_module", "__import__"):
             by_string = True
@@ -269,8 +249,9 @@ def test_no_new_function_local_import_in_the_core_or_scenes():
 
 
 def _fake_tree(root: Path) -> None:
-    """A project of four modules: render importing the core (at module level, in a function and
-    by string), a core cycle, a private name used across modules, a function-local import."""
+    """A small project: render importing the core (at module level, in a function and by
+    string), a core cycle, a package cycle, a private name used across modules, a function-local
+    import."""
     for pkg in PACKAGES:
         (root / pkg).mkdir()
         (root / pkg / "__init__.py").write_text("")
@@ -281,6 +262,12 @@ def _fake_tree(root: Path) -> None:
     (root / "render" / "probe.py").write_text(
         "import numpy\nfrom particles.heads import Head\n\ndef f():\n    from scenes import load_scene\n"
         "\ndef g():\n    import importlib\n    return importlib.import_module('particles.engine')\n")
+    # a package that imports its modules: `from . import b` imports b alone (no cycle), while
+    # `from . import A` reads a name of the package that is still being imported (a cycle)
+    (root / "scenes" / "__init__.py").write_text("from .a import A\nfrom .c import C\n")
+    (root / "scenes" / "a.py").write_text("from . import b\nA = b\n")
+    (root / "scenes" / "b.py").write_text("")
+    (root / "scenes" / "c.py").write_text("from . import A\nC = A\n")
 
 
 def test_the_checker_sees_every_kind_of_import_cycles_and_private_names(tmp_path):
@@ -292,7 +279,8 @@ def test_the_checker_sees_every_kind_of_import_cycles_and_private_names(tmp_path
     assert len(probe) == 3, found
     assert any("particles.heads" in v for v in probe) and any("scenes" in v for v in probe)
     assert any(":9: render imports particles.engine" in v for v in probe)
-    assert cycles(import_graph(tmp_path)) == {frozenset({"particles.heads", "particles.engine"})}
+    assert cycles(import_graph(tmp_path)) == {frozenset({"particles.heads", "particles.engine"}),
+                                              frozenset({"scenes", "scenes.c"})}
     assert private_uses(tmp_path) == {("particles.engine", "particles.heads._SECRET")}
     assert local_imports(tmp_path) == {"particles.engine": 1}
 

@@ -26,8 +26,8 @@ def tiny(steps=20, seed=0, **extra):
 
 
 def read_checkpoint_step(run_dir) -> int:
-    from particles.app.checkpoint import CHECKPOINT, _read
-    return _read(run_dir / CHECKPOINT)[1]["step"]
+    from particles.app.checkpoint import CHECKPOINT, read_checkpoint_file
+    return read_checkpoint_file(run_dir / CHECKPOINT)[1]["step"]
 
 
 # ----------------------------------------------------------------------------- one run per folder

@@ -199,7 +199,8 @@ def _set_aside(path: Path) -> None:
         path.replace(path.with_name(UNUSABLE))
 
 
-def _read(path: Path) -> tuple[np.ndarray, dict]:
+def read_checkpoint_file(path: Path) -> tuple[np.ndarray, dict]:
+    """The tokens and state of one checkpoint file (RunFileError if it is a link or unreadable)."""
     if path.is_symlink():   # a planted link is an unusable checkpoint: fall back, never follow it
         raise RunFileError(f"{str(path)!r} is a symbolic link, not a checkpoint file")
     try:   # open_run_file: a FIFO or device is refused, not waited on (resume hung)
@@ -269,7 +270,7 @@ def read_checkpoint(run_dir: Path, echo=print, **context) -> tuple[np.ndarray, d
             reasons.append(f"{name}: missing")
             continue
         try:
-            tokens, state = _read(path)
+            tokens, state = read_checkpoint_file(path)
             validate(tokens, state, run_dir=run_dir, **context)
         except RunFileError as err:
             reasons.append(f"{name}: {err}")

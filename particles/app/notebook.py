@@ -18,12 +18,27 @@ from render.config import RenderConfig, RunInfo
 from render.figures import summary_figure as draw_summary
 
 from particles.clusters import cluster_labels
-from particles.result import _Html
 
 from .figures import references
 
 NOTEBOOK_SIZE = (960, 540)   # the film in a notebook cell: wide enough for its panels
 CLUSTER_THRESHOLD = 0.99     # the scenes' default [log] cluster_threshold
+
+
+class InlineHtml:
+    """HTML that Jupyter displays (``_repr_html_``); ``str()`` gives the markup."""
+
+    def __init__(self, markup: str):
+        self.markup = markup
+
+    def _repr_html_(self) -> str:
+        return self.markup
+
+    def __str__(self) -> str:
+        return self.markup
+
+    def __repr__(self) -> str:
+        return f"<inline animation: {len(self.markup)} characters of HTML; display it in Jupyter>"
 
 
 def _replica_rows(log, replica: int) -> dict:
@@ -104,7 +119,7 @@ def _token_values(config: RenderConfig, frame: np.ndarray, threshold: float):
 
 
 def film_html(trajectory, log=None, replica: int = 0, max_frames: int = 150, fps: int = 15,
-              threshold: float = CLUSTER_THRESHOLD, **render) -> _Html:
+              threshold: float = CLUSTER_THRESHOLD, **render) -> InlineHtml:
     """The film `particles run` draws, from memory: an MP4 written to a temporary folder by the
     project's Animation, returned inline as an HTML5 <video> (base64; nothing left on disk)."""
     x, times = _frames(trajectory, replica, max_frames)
@@ -125,7 +140,7 @@ def film_html(trajectory, log=None, replica: int = 0, max_frames: int = 150, fps
                 anim.add_frame(frame, float(t), upto, token_values=_token_values(config, frame, threshold))
         data = base64.b64encode(path.read_bytes()).decode("ascii")
     w, h = anim.frame_size
-    return _Html(f'<video controls loop playsinline width="{w}" height="{h}" '
+    return InlineHtml(f'<video controls loop playsinline width="{w}" height="{h}" '
                  f'src="data:video/mp4;base64,{data}"></video>')
 
 

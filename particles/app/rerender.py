@@ -144,10 +144,10 @@ def _finite_frames(run_dir: Path, steps, times, tokens, echo) -> int:
     if not bad.any():
         return len(tokens)
     first = int(np.argmax(bad))
-    from particles.output import _read_chunk, trajectory_chunks
+    from particles.output import read_chunk, trajectory_chunks
     chunk, frames = "?", 0
     for path in trajectory_chunks(run_dir / "trajectory"):
-        frames += len(_read_chunk(path, ("steps",))["steps"])
+        frames += len(read_chunk(path, ("steps",))["steps"])
         if first < frames:
             chunk = str(path)
             break

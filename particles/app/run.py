@@ -583,11 +583,11 @@ def _steps_done(run_dir: Path, steps_total: int | None = None, log_every: int = 
     more where run.json records more and log.csv's rows reach that far (a run without a
     final checkpoint). run.json's steps_done is stale after a SIGKILL; one beyond the
     scene's steps or the log's last row is damaged, and said so. None when nothing can say."""
-    from .checkpoint import CHECKPOINT, _read
+    from .checkpoint import CHECKPOINT, read_checkpoint_file
     recorded = read_run_json(run_dir).get("steps_done")
     checkpoint = None
     try:
-        step = _read(run_dir / CHECKPOINT)[1].get("step")
+        step = read_checkpoint_file(run_dir / CHECKPOINT)[1].get("step")
         if type(step) is int and 0 <= step <= (steps_total if steps_total is not None else step):
             checkpoint = step   # (past the scene's steps it is damaged: resume falls back)
     except (OSError, ValueError, RunFileError):

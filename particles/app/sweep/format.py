@@ -67,6 +67,7 @@ from pathlib import Path
 import scenes as _scenes_pkg
 from scenes import SceneError
 from scenes import schema as _schema
+from scenes.specs import integer, number
 
 SWEEP_LIBRARY = Path(_scenes_pkg.__file__).resolve().parent / "sweeps"   # the bundled sweeps
 RESULTS = "results.csv"
@@ -93,8 +94,8 @@ FORBIDDEN_AXES = {
 EXCLUSIVE = {"dynamics.t_end": "steps", "dynamics.steps": "t_end",
              "heads.strength": "strengths", "heads.strengths": "strength"}
 # axes whose values vary within one ensemble (validated here; all other axes via the scene)
-REPLICA_AXES = {"tokens.seed": _schema.integer(0),
-                "dynamics.beta": _schema.number(0, lo_open=True)}
+REPLICA_AXES = {"tokens.seed": integer(0),
+                "dynamics.beta": number(0, lo_open=True)}
 # columns every results table has (swept or not)
 FIXED_COLUMNS = ("tokens.n", "tokens.d", "H", "tokens.seed", "dynamics.beta")
 PATH_KEYS = {"tokens": ("path",), "dynamics": ("rule_file",),

@@ -11,17 +11,13 @@ import math
 import numpy as np
 
 from scenes import SceneError
-from scenes import schema as _schema
+from scenes.specs import is_int, is_number, show
 
 from .format import EXCLUSIVE, FIXED_COLUMNS, RANGE_KEYS, REPLICA_AXES
 
 
-def _show(v) -> str:
-    return _schema.show(v)
-
-
 def _label(assign: dict) -> str:
-    return ", ".join(f"{k} = {_show(v)}" for k, v in assign.items())
+    return ", ".join(f"{k} = {show(v)}" for k, v in assign.items())
 
 
 def _integral(values: list) -> list:
@@ -35,7 +31,7 @@ def _integral(values: list) -> list:
     return out
 
 
-def _expand_values(spec, where: str, problems: list) -> list | None:
+def expand_values(spec, where: str, problems: list) -> list | None:
     """An axis' (or record.times') list of values from a list or a range table."""
     if isinstance(spec, list):
         if not spec:
@@ -45,29 +41,29 @@ def _expand_values(spec, where: str, problems: list) -> list | None:
         for v in spec:
             k = json.dumps(v, sort_keys=True, default=str)
             if k in seen:
-                problems.append(f"{where}: the value {_show(v)} appears twice")
+                problems.append(f"{where}: the value {show(v)} appears twice")
                 return None
             seen.add(k)
         return list(spec)
     if not isinstance(spec, dict):
         problems.append(f"{where}: expected a list of values or a range table "
-                        f"({{from, to, num}}, {{from, to, step}} or {{count}}), got {_show(spec)}")
+                        f"({{from, to, num}}, {{from, to, step}} or {{count}}), got {show(spec)}")
         return None
     unknown = [k for k in spec if k not in RANGE_KEYS]
     if unknown:
         problems.append(f"{where}: unknown key '{unknown[0]}' in the range table; allowed: "
                         "{from, to, num[, log]}, {from, to, step} or {count[, start]}")
         return None
-    ints_given = all(_schema.is_int(spec[k]) for k in ("from", "to", "step", "start") if k in spec)
+    ints_given = all(is_int(spec[k]) for k in ("from", "to", "step", "start") if k in spec)
     if "count" in spec:
         if set(spec) - {"count", "start"}:
             problems.append(f"{where}: {{count}} takes only 'start' besides it (values start.."
                             "start+count-1)")
             return None
         count, start = spec["count"], spec.get("start", 0)
-        if not _schema.is_int(count) or count < 1 or not _schema.is_int(start):
+        if not is_int(count) or count < 1 or not is_int(start):
             problems.append(f"{where}: count must be an integer >= 1 and start an integer, got "
-                            f"count = {_show(count)}, start = {_show(start)}")
+                            f"count = {show(count)}, start = {show(start)}")
             return None
         return list(range(start, start + count))
     if "from" not in spec or "to" not in spec or ("num" in spec) == ("step" in spec):
@@ -75,20 +71,20 @@ def _expand_values(spec, where: str, problems: list) -> list | None:
                         f"got {{{', '.join(spec)}}}")
         return None
     lo, hi = spec["from"], spec["to"]
-    if not (_schema.is_number(lo) and _schema.is_number(hi) and math.isfinite(lo) and math.isfinite(hi)):
-        problems.append(f"{where}: from and to must be finite numbers, got {_show(lo)}, {_show(hi)}")
+    if not (is_number(lo) and is_number(hi) and math.isfinite(lo) and math.isfinite(hi)):
+        problems.append(f"{where}: from and to must be finite numbers, got {show(lo)}, {show(hi)}")
         return None
     log = spec.get("log", False)
     if not isinstance(log, bool):
-        problems.append(f"{where}: log must be true or false, got {_show(log)}")
+        problems.append(f"{where}: log must be true or false, got {show(log)}")
         return None
     if log and (lo <= 0 or hi <= 0):
         problems.append(f"{where}: log = true needs from > 0 and to > 0, got {lo:g}, {hi:g}")
         return None
     if "num" in spec:
         num = spec["num"]
-        if not _schema.is_int(num) or num < 1:
-            problems.append(f"{where}: num must be an integer >= 1, got {_show(num)}")
+        if not is_int(num) or num < 1:
+            problems.append(f"{where}: num must be an integer >= 1, got {show(num)}")
             return None
         if num > 1 and lo == hi:
             problems.append(f"{where}: from = to = {lo:g} with num = {num} repeats one value")
@@ -101,9 +97,9 @@ def _expand_values(spec, where: str, problems: list) -> list | None:
         if log:
             problems.append(f"{where}: log = true goes with num, not step")
             return None
-        if not _schema.is_number(step) or not step > 0 or hi < lo:
+        if not is_number(step) or not step > 0 or hi < lo:
             problems.append(f"{where}: step must be a number > 0 and to >= from, got step = "
-                            f"{_show(step)}, from = {lo:g}, to = {hi:g}")
+                            f"{show(step)}, from = {lo:g}, to = {hi:g}")
             return None
         count = int(math.floor((hi - lo) / step + 1e-9)) + 1
         values = [lo + k * step for k in range(count)]
@@ -131,30 +127,7 @@ def _apply(raw: dict, assign: dict) -> dict:
     return out
 
 
-def _cell(v) -> str:
-    """A value as a CSV cell (full precision; lists as JSON)."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, np.integer)):
-        return str(int(v))
-    if isinstance(v, (float, np.floating)):
-        v = float(v)
-        return "nan" if math.isnan(v) else repr(v)
-    if isinstance(v, str):
-        return v
-    return json.dumps(v, separators=(",", ":"))
-
-
-def _dedupe(items):
-    seen, out = set(), []
-    for x in items:
-        if x not in seen:
-            seen.add(x)
-            out.append(x)
-    return out
-
-
-def _expand(axes, base_raw, base_dir, record, batch, problems):
+def expand_grid(axes, base_raw, base_dir, record, batch, problems):
     """Grid points -> resolved replicas -> work units; problems appended, never raised."""
     from scenes import Scene
 

@@ -12,11 +12,21 @@ from pathlib import Path
 from typing import Any
 
 from scenes import schema as _schema
+from scenes.specs import BadValue, is_int, is_number, show
 
 from .format import (AXIS_SECTIONS, DEFAULT_BATCH, EXCLUSIVE, FIXED_COLUMNS, FORBIDDEN_AXES, MAX_POINTS,
     MAX_PROBLEMS, PATH_KEYS, RECORD_KEYS, REPLICA_AXES, SCENE_SECTIONS, SWEEP_LIBRARY,
     TOP_KEYS, SweepError)
-from .grid import _dedupe, _expand, _expand_values, _show
+from .grid import expand_grid, expand_values
+
+
+def _dedupe(items):
+    seen, out = set(), []
+    for x in items:
+        if x not in seen:
+            seen.add(x)
+            out.append(x)
+    return out
 
 
 def bundled_sweeps() -> dict[str, tuple[Path, str]]:
@@ -88,7 +98,7 @@ def _check_axis_key(key: str, raw: dict) -> str | None:
     """None if ``key`` names a sweepable scene key of ``raw``; else the problem."""
     if not isinstance(key, str) or "." not in key:
         return (f"expected 'section.key' (e.g. \"dynamics.beta\", \"tokens.seed\", "
-                f"\"heads.count\"), got {_show(key)}")
+                f"\"heads.count\"), got {show(key)}")
     if key in FORBIDDEN_AXES:
         return f"cannot be swept: {FORBIDDEN_AXES[key]}"
     parts = key.split(".")
@@ -115,7 +125,7 @@ def _check_axis_key(key: str, raw: dict) -> str | None:
             return ("the scene's heads are one [heads] table (or none): name a key of it, e.g. "
                     "\"heads.count\"")
     if len(rest) != 1:
-        return f"expected '{section}.key', got {_show(key)}"
+        return f"expected '{section}.key', got {show(key)}"
     if rest[0] not in allowed:
         close = difflib.get_close_matches(rest[0], allowed, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else f" (allowed: {', '.join(allowed)})"
@@ -165,7 +175,7 @@ class Sweep:
         problems: list[str] = []
         base_dir = Path(base_dir).resolve() if base_dir is not None else Path.cwd()
         if not isinstance(raw, dict):
-            raise SweepError(source, [f"expected a table, got {_show(raw)}"], is_file)
+            raise SweepError(source, [f"expected a table, got {show(raw)}"], is_file)
         for key, value in raw.items():
             if key not in TOP_KEYS + SCENE_SECTIONS:
                 allowed = TOP_KEYS + SCENE_SECTIONS
@@ -176,16 +186,16 @@ class Sweep:
         name = raw.get("name", path.stem if path is not None else "sweep")
         if not isinstance(name, str) or not name.strip() or any(c in name for c in "/\\"):
             problems.append(f"top-level name: expected a non-empty string without '/' or '\\', "
-                            f"got {_show(name)}")
+                            f"got {show(name)}")
             name = "sweep"
         description = raw.get("description", "")
         if not isinstance(description, str):
-            problems.append(f"top-level description: expected a string, got {_show(description)}")
+            problems.append(f"top-level description: expected a string, got {show(description)}")
             description = ""
         batch = raw.get("batch", DEFAULT_BATCH)
-        if not _schema.is_int(batch) or batch < 1:
+        if not is_int(batch) or batch < 1:
             problems.append(f"top-level batch: expected an integer >= 1 (replicas per work "
-                            f"unit), got {_show(batch)}")
+                            f"unit), got {show(batch)}")
             batch = DEFAULT_BATCH
 
         # the base scene: a bundled name or a path, then the sweep file's own sections
@@ -207,7 +217,7 @@ class Sweep:
         axes: list[tuple[str, list]] = []
         raw_axes = raw.get("axes", {})
         if not isinstance(raw_axes, dict):
-            problems.append(f"[axes]: expected a table of \"section.key\" = values, got {_show(raw_axes)}")
+            problems.append(f"[axes]: expected a table of \"section.key\" = values, got {show(raw_axes)}")
             raw_axes = {}
         for key, spec in raw_axes.items():
             where = f"[axes] \"{key}\""
@@ -215,7 +225,7 @@ class Sweep:
             if bad:
                 problems.append(f"{where}: {bad}")
                 continue
-            values = _expand_values(spec, where, problems)
+            values = expand_values(spec, where, problems)
             if values is None:
                 continue
             if key in REPLICA_AXES:
@@ -224,11 +234,11 @@ class Sweep:
                 for v in values:
                     try:
                         spec_.convert(v)
-                    except _schema.BadValue:
+                    except BadValue:
                         wrong.append(v)
                 if wrong:
                     problems.append(f"{where}: expected values that are each {spec_.expected}, "
-                                    f"got {_show(wrong[0])}")
+                                    f"got {show(wrong[0])}")
                     continue
                 if key == "dynamics.beta":
                     values = [float(v) for v in values]
@@ -239,13 +249,13 @@ class Sweep:
 
         record_raw = raw.get("record", {})
         if not isinstance(record_raw, dict):
-            problems.append(f"[record]: expected a table, got {_show(record_raw)}")
+            problems.append(f"[record]: expected a table, got {show(record_raw)}")
             record_raw = {}
         record = _record_spec(record_raw, problems)
         if problems:
             raise SweepError(source, problems[:MAX_PROBLEMS], is_file)
 
-        points, units, columns, unit_meta = _expand(axes, base_raw, base_dir, record, batch,
+        points, units, columns, unit_meta = expand_grid(axes, base_raw, base_dir, record, batch,
                                                     problems)
         if problems:
             raise SweepError(source, _dedupe(problems)[:MAX_PROBLEMS], is_file)
@@ -257,7 +267,7 @@ class Sweep:
 def _base_scene(ref, base_dir: Path, problems: list) -> dict:
     from scenes import bundled_scenes
     if not isinstance(ref, str) or not ref.strip():
-        problems.append(f"top-level scene: expected a bundled scene name or a path, got {_show(ref)}")
+        problems.append(f"top-level scene: expected a bundled scene name or a path, got {show(ref)}")
         return {}
     library = bundled_scenes()
     candidate = (base_dir / Path(ref).expanduser())
@@ -297,18 +307,18 @@ def _record_spec(raw: dict, problems: list) -> dict:
                            "min_cosine": False, "threshold": None, "clustering_time": None,
                            "clustering_every": 1}
     if "times" in raw:
-        times = _expand_values(raw["times"], "[record] times", problems)
+        times = expand_values(raw["times"], "[record] times", problems)
         if times is not None:
-            bad = [t for t in times if not _schema.is_number(t) or not math.isfinite(t) or t < 0]
+            bad = [t for t in times if not is_number(t) or not math.isfinite(t) or t < 0]
             if bad:
-                problems.append(f"[record] times: expected numbers >= 0 (time units), got {_show(bad[0])}")
+                problems.append(f"[record] times: expected numbers >= 0 (time units), got {show(bad[0])}")
             else:
                 rec["times"] = sorted(float(t) for t in times)
     if "observables" in raw:
         obs = raw["observables"]
         if not isinstance(obs, list) or not all(isinstance(o, str) for o in obs):
             problems.append(f"[record] observables: expected a list of log column names "
-                            f"(docs/LOG.md), got {_show(obs)}")
+                            f"(docs/LOG.md), got {show(obs)}")
         elif len(set(obs)) != len(obs):
             problems.append("[record] observables: a name appears twice")
         else:
@@ -320,14 +330,14 @@ def _record_spec(raw: dict, problems: list) -> dict:
             rec["observables"] = [o for o in obs if o not in ("clusters", "min_cosine")]
     if "clusters" in raw:
         if not isinstance(raw["clusters"], bool):
-            problems.append(f"[record] clusters: expected true or false, got {_show(raw['clusters'])}")
+            problems.append(f"[record] clusters: expected true or false, got {show(raw['clusters'])}")
         else:
             rec["clusters"] = rec["clusters"] or raw["clusters"]
     if "threshold" in raw:
         thr = raw["threshold"]
-        if not _schema.is_number(thr) or not -1 < thr < 1:
+        if not is_number(thr) or not -1 < thr < 1:
             problems.append(f"[record] threshold: expected a number in (-1, 1) (two tokens are in "
-                            f"one cluster when their cosine exceeds it), got {_show(thr)}")
+                            f"one cluster when their cosine exceeds it), got {show(thr)}")
         else:
             rec["threshold"] = float(thr)
     if "clustering_time" in raw:
@@ -338,19 +348,19 @@ def _record_spec(raw: dict, problems: list) -> dict:
             pass
         elif not isinstance(ct, dict):
             problems.append(f"[record] clustering_time: expected a table {{threshold = 1e-3, "
-                            f"every = 1}} or true/false, got {_show(ct)}")
+                            f"every = 1}} or true/false, got {show(ct)}")
         else:
             unknown = [k for k in ct if k not in ("threshold", "every")]
             thr, every = ct.get("threshold", 1e-3), ct.get("every", 1)
             if unknown:
                 problems.append(f"[record] clustering_time: unknown key '{unknown[0]}' (allowed: "
                                 "threshold, every)")
-            elif not _schema.is_number(thr) or not 0 < thr <= 2:
+            elif not is_number(thr) or not 0 < thr <= 2:
                 problems.append(f"[record] clustering_time: threshold: expected a number in (0, 2] "
-                                f"(eps = 1 - mean cosine), got {_show(thr)}")
-            elif not _schema.is_int(every) or every < 1:
+                                f"(eps = 1 - mean cosine), got {show(thr)}")
+            elif not is_int(every) or every < 1:
                 problems.append(f"[record] clustering_time: every: expected an integer >= 1 "
-                                f"(steps between eps checks), got {_show(every)}")
+                                f"(steps between eps checks), got {show(every)}")
             else:
                 rec["clustering_time"], rec["clustering_every"] = float(thr), int(every)
     return rec

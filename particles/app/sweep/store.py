@@ -16,8 +16,21 @@ from particles.atomic import atomic_write_text, open_append
 from particles.output import write_json
 
 from .format import COPY, LEDGER, META, RESULTS, SweepError
-from .grid import _cell
 from .spec import Sweep
+
+
+def _cell(v) -> str:
+    """A value as a CSV cell (full precision; lists as JSON)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
+        return "nan" if math.isnan(v) else repr(v)
+    if isinstance(v, str):
+        return v
+    return json.dumps(v, separators=(",", ":"))
 
 
 def _read_ledger(path: Path) -> dict[str, dict]:
