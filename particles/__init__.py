@@ -20,7 +20,7 @@ _os.environ.setdefault("TI_LOG_LEVEL", "warn")
 _EXPORTS = {
     "Head": "heads",
     "Rule": "rules", "register_rule": "rules", "get_rule": "rules", "registered_rules": "rules",
-    "load_rule_file": "rules", "BUILTIN_RULES": "rules",
+    "load_rule_file": "rules", "BUILTIN_RULES": "rules", "sinkhorn_rule": "rules",
     "Simulation": "simulation", "BlowUpError": "errors", "ParticlesError": "errors",
     "ParticlesUserError": "errors",
     "Attention": "attention", "alibi_slopes": "attention", "Rotary": "rotary", "Layer": "schedule", "Schedule": "schedule",

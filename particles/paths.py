@@ -46,7 +46,7 @@ PATHS = ("auto", "fused", "tiled", "plain")
 
 # rule kinds: an exponential rule (exp, softmax: shifted exponentials), a kernel k(z), a
 # position-aware kernel k(z, i, j, n)
-RULE_KINDS = ("exponential", "kernel", "positional")
+RULE_KINDS = ("exponential", "kernel", "positional", "sinkhorn")
 
 
 def pair_work(n: int, H: int, r: int, rv: int) -> float:
@@ -55,6 +55,8 @@ def pair_work(n: int, H: int, r: int, rv: int) -> float:
 
 
 def rule_kind(rule) -> str:
+    if rule.normalization == "sinkhorn":   # doubly stochastic weights: a pass of their own
+        return "sinkhorn"
     if rule.positional:
         return "positional"
     return "exponential" if rule.exponential else "kernel"
@@ -143,7 +145,13 @@ class PathSpec:
 
     def implementation_for(self, p: PassNeeds) -> Implementation:
         """The first of this path's implementations that serves pass ``p``."""
-        return next(i for i in self.implementations if i.serves(p))
+        found = next((i for i in self.implementations if i.serves(p)), None)
+        if found is None:
+            extras = [w for w, on in (("masks, ALiBi or a head's own beta", p.positions),
+                                      ("the entropy rate", p.entropy_rate)) if on]
+            raise ValueError(f"no pair pass of path {self.name!r} serves rules of the form "
+                             f"{_RULE_WORDS[p.rule]} with {' or '.join(extras) or 'these heads'}")
+        return found
 
     def missing(self, needs: Needs) -> list[str]:
         """The capabilities ``needs`` uses that this path does not declare (empty: it serves)."""
@@ -171,10 +179,12 @@ class PathSpec:
         return out
 
 
-_RULE_WORDS = {"exponential": "exp/softmax", "kernel": "k(z)", "positional": "k(z, i, j, n)"}
+_RULE_WORDS = {"exponential": "exp/softmax", "kernel": "k(z)", "positional": "k(z, i, j, n)",
+               "sinkhorn": "Sinkhorn (doubly stochastic)"}
 _ALL_RULES = frozenset(RULE_KINDS)
 
 _EXP = frozenset({"exponential"})
+_PAIR_RULES = frozenset({"exponential", "kernel", "positional"})   # one normalisation per row
 _NORMALISATIONS = frozenset(NORMALISATIONS)
 _PER_KERNEL = frozenset({"q", "k", "u", "g", "f", "row"})
 # the implementations, each registered by its kernel module under its name
@@ -183,20 +193,22 @@ WIDE = Implementation("wide", _EXP, arch="cpu", min_n=WIDE_MIN_N,               
                       operands=frozenset({"f", "row"}))
 FAST = Implementation("fast", _EXP, positions=True, entropy_rate=True, arch="cpu",  # kernels
                       operands=frozenset({"f", "row"}))   # (q, k too for the entropy rate)
-GPU = Implementation("gpu", _ALL_RULES, positions=True, mixed_rules=True, entropy_rate=True,
+GPU = Implementation("gpu", _PAIR_RULES, positions=True, mixed_rules=True, entropy_rate=True,
                      arch="gpu", operands=_PER_KERNEL)                                # kernels_gpu
-PLAIN = Implementation("plain", _ALL_RULES, positions=True, mixed_rules=True, entropy_rate=True,
+PLAIN = Implementation("plain", _PAIR_RULES, positions=True, mixed_rules=True, entropy_rate=True,
                        operands=_PER_KERNEL, head_terms=True)                         # kernels
 
+SINKHORN = Implementation("sinkhorn", frozenset({"sinkhorn"}), mixed_rules=True,       # sinkhorn
+                          operands=_PER_KERNEL)
 # Fastest first: ``auto`` takes the first that serves (and, for fused, is small enough).
 SPECS = (
     PathSpec("fused", rules=frozenset({"exponential", "kernel"}), positions=False, layers=False,
              entropy_rate=False, cpu_only=True, max_rank=FUSED_MAX_RANK, max_d=FUSED_MAX_D,
              implementations=(FUSED,), adaptive=False),
     PathSpec("tiled", rules=_ALL_RULES, positions=True, layers=True, entropy_rate=True, cpu_only=False,
-             implementations=(WIDE, FAST, GPU, PLAIN), head_terms=True, normalisations=_NORMALISATIONS),
+             implementations=(WIDE, FAST, GPU, PLAIN, SINKHORN), head_terms=True, normalisations=_NORMALISATIONS),
     PathSpec("plain", rules=_ALL_RULES, positions=True, layers=True, entropy_rate=True, cpu_only=False,
-             implementations=(PLAIN,), head_terms=True, normalisations=_NORMALISATIONS),
+             implementations=(PLAIN, SINKHORN), head_terms=True, normalisations=_NORMALISATIONS),
 )
 SPEC = {s.name: s for s in SPECS}
 IMPLEMENTATIONS = {i.name: i for s in SPECS for i in s.implementations}

@@ -35,7 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-NORMALIZATIONS = ("softmax", "mean")
+from .errors import ParticlesUserError
+
+NORMALIZATIONS = ("softmax", "mean")   # of a user's rule; the built-in "sinkhorn" has its own pass
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,36 @@ class Rule:
     @property
     def has_potential(self) -> bool:
         return not self.positional and (self.exponential or self.potential is not None)
+
+
+SINKHORN_ITERATIONS = 20   # the built-in rule's (docs/MODEL.md, "Sinkhorn attention": its convergence)
+
+
+@dataclass(frozen=True)
+class SinkhornRule(Rule):
+    """Doubly stochastic weights (particles.sinkhorn): e^z scaled by row and column factors,
+    ``iterations`` column-then-row normalisations after the first row one (the softmax), fewer
+    once every column sums to 1 within ``tolerance`` (0: always all). No potential: the
+    energy is NaN."""
+
+    iterations: int = SINKHORN_ITERATIONS
+    tolerance: float = 0.0
+
+    @property
+    def has_potential(self) -> bool:
+        return False
+
+
+def sinkhorn_rule(iterations: int = SINKHORN_ITERATIONS, tolerance: float = 0.0) -> SinkhornRule:
+    """The Sinkhorn rule with its own iteration limit and tolerance; ``rule="sinkhorn"`` is
+    this with the defaults. Scenes: [dynamics] sinkhorn_iterations, sinkhorn_tolerance."""
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 0:
+        raise ParticlesUserError(f"sinkhorn iterations must be a whole number >= 0, got {iterations!r}")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
+        raise ParticlesUserError(f"sinkhorn tolerance must be a number in [0, 1) (0: every "
+                                 f"iteration), got {tolerance!r}")
+    return SinkhornRule("sinkhorn", None, "sinkhorn", exponential=True, iterations=int(iterations),
+                        tolerance=float(tolerance))
 
 
 def _kernel_arity(name: str, fn: Callable) -> int:
@@ -83,6 +115,7 @@ _REGISTRY: dict[str, Rule] = {
     "exp": Rule("exp", None, "mean", exponential=True),
     "softmax": Rule("softmax", None, "softmax", exponential=True),
     "relu": Rule("relu", _relu, "mean", _relu_potential),
+    "sinkhorn": sinkhorn_rule(),
 }
 BUILTIN_RULES = tuple(_REGISTRY)
 _LOADED_FILES: dict[Path, list[str]] = {}

@@ -11,6 +11,7 @@ from . import attention as attention_mod
 from . import backend, kernels, kernels_fused, kernels_gpu, kernels_wide, paths  # each registers its implementations
 from . import display, head_terms
 from . import normalisation as normalisation_mod
+from . import sinkhorn as _sinkhorn_pass  # noqa: F401  (registers the Sinkhorn pass)
 from .attention import Attention
 from .clock import step_time
 from .drive import AT_END, Every, Rows, drive

@@ -7,6 +7,6 @@ GEOMETRIES = ("sphere", "flat")
 DTYPES = ("float32", "float64")
 ARCHES = ("cpu", "gpu", "auto")
 MASKS = ("none", "causal", "window", "causal_window")
-BUILTIN_RULES = ("exp", "softmax", "relu")   # particles.rules registers exactly these at import
+BUILTIN_RULES = ("exp", "softmax", "relu", "sinkhorn")   # particles.rules registers exactly these at import
 # where the LayerNorm sits (particles.normalisation): "post" is the paper's sphere
 NORMALISATIONS = ("post", "pre", "peri", "ngpt")

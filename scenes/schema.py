@@ -55,7 +55,8 @@ ADAPTIVE_NAMES = tuple(name for name in INTEGRATOR_NAMES if isinstance(INTEGRATO
 MAX_STEPS = validation.MAX_STEPS   # one limit for the scene loader and the API
 DYNAMICS_KEYS = ("geometry", "rule", "rule_file", "beta", "betas", "dt", "steps", "t_end",
                  "integrator", "dtype", "arch", "mask", "window", "alibi", "layer_every",
-                 "normalisation", "ngpt_alpha", "rtol", "atol", "dt_min", "dt_max")
+                 "normalisation", "ngpt_alpha", "sinkhorn_iterations",
+                 "sinkhorn_tolerance", "rtol", "atol", "dt_min", "dt_max")
 LAYER_KEYS = ("start", "heads", "rule", "mask", "window", "alibi")
 LOG_KEYS = ("every", "energy", "radial", "entropy", "entropy_rate", "clusters_every",
             "cluster_threshold", "trajectory_every")
@@ -542,6 +543,12 @@ def _normalisation_keys(sec) -> None:
         sec.take("ngpt_alpha", number(0, lo_open=True))
         if sec.out.get("normalisation") != "ngpt":
             sec.problem("ngpt_alpha", "nGPT's step scale applies only with normalisation = 'ngpt'")
+    # the doubly stochastic normalisation's iterations (particles.sinkhorn), likewise
+    for key, spec in (("sinkhorn_iterations", integer(0)), ("sinkhorn_tolerance", number(0, 1, hi_open=True))):
+        if sec.has(key):
+            sec.take(key, spec)
+            if sec.out.get("rule") != "sinkhorn":
+                sec.problem(key, "applies to rule = 'sinkhorn' (the doubly stochastic normalisation)")
 
 
 # ----------------------------------------------------------------------------- [[layers]]

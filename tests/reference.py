@@ -672,8 +672,24 @@ def spec_kernel_values(x, M, beta, spec):
     return np.where(vis, np.asarray(k(z), dtype=np.float64), 0.0), None, norm, vis
 
 
+SINKHORN_ITERATIONS = 20   # the built-in rule's
+
+
+def sinkhorn_weights(z, iterations=SINKHORN_ITERATIONS):
+    """Doubly stochastic diag(a) e^z diag(b): a from the rows (the softmax), then per iteration
+    b from the columns and a from the rows (multiplicative, on the n x n matrix)."""
+    K = np.exp(z - z.max())
+    a = 1 / K.sum(axis=1)
+    for _ in range(iterations):
+        b = 1 / (K.T @ a)
+        a = 1 / (K @ b)
+    return a[:, None] * K * (b[None, :] if iterations else 1.0)
+
+
 def spec_weights(x, M, beta, spec: HeadSpec):
     """(n, n) w_ij of one head under its spec."""
+    if spec.rule == "sinkhorn":   # full attention only (no masks, biases or positions)
+        return sinkhorn_weights(beta * scores(x, M))
     kz, m, norm, vis = spec_kernel_values(x, M, beta, spec)
     if norm == "softmax":
         N = kz.sum(axis=1, keepdims=True)

@@ -66,6 +66,7 @@ def _cases():
         "exp/softmax rules": (dict(rules=frozenset({"exponential"})),
                               lambda: _spec_case("softmax", "softmax")),
         "k(z) rules": (dict(rules=frozenset({"kernel"})), lambda: _spec_case("relu", "relu")),
+        "Sinkhorn rules": (dict(rules=frozenset({"sinkhorn"})), lambda: _spec_case("sinkhorn", "sinkhorn")),
         "k(z, i, j, n) rules": (dict(rules=frozenset({"positional"})),
                                 lambda: _spec_case("sigmoid_recency", _recency())),
         "masks": (dict(rules=frozenset({"exponential"}), positions=True),
@@ -280,6 +281,7 @@ def test_a_user_tableau_in_a_launch_shared_by_threads(monkeypatch):
 _SCENARIOS = (
     ("softmax", None, N),
     ("relu", None, N),
+    ("sinkhorn", None, N),
     ("softmax", None, paths.WIDE_MIN_N + 3),
     ("softmax", [Attention(mask="causal"), Attention(alibi=0.5, beta=2.0)], N),
     ("softmax", [Attention(rule="relu"), Attention(mask="window", window=2)], N),
@@ -289,7 +291,7 @@ _SCENARIOS = (
 def _scenario_needs(rule, attention, n):
     attention = attention or [Attention()] * H
     rules = [a.rule.name if a.rule is not None else rule for a in attention]
-    kind = {"softmax": "exponential", "relu": "kernel"}
+    kind = {"softmax": "exponential", "relu": "kernel", "sinkhorn": "sinkhorn"}
     positions = any(a.masked or a.alibi > 0 or a.beta is not None for a in attention)
     mixed = len(set(rules)) > 1
     passes = tuple(paths.PassNeeds(kind[r], positions, mixed, False, "cpu", n) for r in dict.fromkeys(rules))
@@ -371,7 +373,8 @@ for path, implementation, (rule, attention, n) in t.IMPLEMENTATION_TABLE:
     atts = attention or [particles.Attention()] * t.H
     specs = [ref.HeadSpec(a.rule.name if a.rule is not None else rule, beta=a.beta, mask=a.mask,
                           window=a.window, alibi=a.alibi) for a in atts]
-    want = 0.5 * ref.spec_velocity(x, heads, t.BETA, specs)
+    # Sinkhorn's rows are scaled by its own potentials, not by the shared row normalisation
+    want = (1.0 if implementation == "sinkhorn" else 0.5) * ref.spec_velocity(x, heads, t.BETA, specs)
     err = np.max(np.abs(sim.velocity() - want)) / np.max(np.abs(want))
     assert err < 1e-10, (path, implementation, err)
     seen.append(f"{path}-{sim.implementation}")

@@ -13,7 +13,7 @@ from particles.errors import ParticlesUserError
 from particles.attention import Attention, alibi_slopes
 from particles.integrators import Adaptive
 from particles.rotary import Rotary
-from particles.rules import get_rule, load_rule_file
+from particles.rules import SINKHORN_ITERATIONS, get_rule, load_rule_file, sinkhorn_rule
 from particles.schedule import Layer, Schedule
 from particles.simulation import Simulation
 from scenes.scene import build_heads
@@ -136,6 +136,8 @@ def build_simulation(scene, *, tokens=None, heads=None, beta=None, entropy_rate=
         for index, layer in enumerate(heads.layers[1:], start=1):
             _check_heads_in_dtype(real, f"[[layers]] #{index}", layer.heads, layer.attention)
         attention = None
+    if "sinkhorn_iterations" in dyn or "sinkhorn_tolerance" in dyn:
+        rule = sinkhorn_rule(dyn.get("sinkhorn_iterations", SINKHORN_ITERATIONS), dyn.get("sinkhorn_tolerance", 0.0))
     return Simulation(tokens, heads, beta=beta, rule=rule, geometry=dyn["geometry"], dt=dyn["dt"],
                       integrator=integrator_of(dyn), dtype=dyn["dtype"], arch=dyn["arch"],
                       entropy_rate=entropy_rate, attention=attention,
