@@ -155,6 +155,7 @@ class Writer:
     needs: frozenset = frozenset()
     current_rows: bool = False   # every row up to this state is handed out before on_state
     flush_first: bool = False    # served first, after all rows are out and all writers flushed
+    ends_run: bool = False       # asked ``end_reason`` at its trigger's states (particles.stop)
 
     def start(self, sim, step: int, end: int) -> None:
         pass
@@ -167,6 +168,11 @@ class Writer:
 
     def flush(self) -> None:
         pass
+
+    def end_reason(self, step: int) -> str | None:
+        """(``ends_run`` writers) Why the run should end at state ``step``, every row before
+        it handed out; None to go on."""
+        return None
 
 
 class Stopped(Exception):
@@ -190,6 +196,7 @@ class Driver:
     flush_seconds: float = math.inf   # hand out rows at least this often (wall clock)
     on_advance: object = None         # callable(steps_advanced, rows_handed_out_now)
     should_stop: object = None        # callable() -> bool, asked only at fully served states
+    end_reason: str | None = field(default=None, init=False)   # why a writer ended the run early
     _last_flush: float = field(default=0.0, init=False)
 
     def __post_init__(self):
@@ -235,6 +242,8 @@ class Driver:
             s = sim.step_count
             if s < end and self.should_stop is not None and self.should_stop():
                 raise Stopped(s)   # every state before s is served; state s is not yet
+            if s < end and self._ends_here(s):
+                end = self.end = s   # the run's end now: every end trigger fires at s
             if s == end:
                 self._check_finite()
             stepped = self._serve(s)
@@ -245,6 +254,20 @@ class Driver:
         self.drain()
 
     # -- internals ----------------------------------------------------------------------------
+    def _ends_here(self, s: int) -> bool:
+        """A writer that may end the run (a stop rule) says so at state s, from the rows
+        before s (all handed out first, so the answer never depends on when rows drain)."""
+        asked = [w for w in self.writers if w.ends_run and w.trigger.hits(s, self.end)]
+        if not asked:
+            return False
+        self.drain()
+        for w in asked:
+            reason = w.end_reason(s)
+            if reason:
+                self.end_reason = reason
+                return True
+        return False
+
     def _next_stop(self, s: int) -> int:
         end = self.end
         nxt = min([w.trigger.next_after(s, end) for w in self.writers]

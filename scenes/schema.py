@@ -56,7 +56,8 @@ MAX_STEPS = validation.MAX_STEPS   # one limit for the scene loader and the API
 DYNAMICS_KEYS = ("geometry", "rule", "rule_file", "beta", "betas", "dt", "steps", "t_end",
                  "integrator", "dtype", "arch", "mask", "window", "alibi", "layer_every",
                  "normalisation", "ngpt_alpha", "sinkhorn_iterations",
-                 "sinkhorn_tolerance", "rtol", "atol", "dt_min", "dt_max")
+                 "sinkhorn_tolerance", "rtol", "atol", "dt_min", "dt_max",
+                 "stop_kinetic", "stop_energy_rate", "stop_clusters", "stop_window")
 LAYER_KEYS = ("start", "heads", "rule", "mask", "window", "alibi")
 LOG_KEYS = ("every", "energy", "radial", "entropy", "entropy_rate", "clusters_every",
             "cluster_threshold", "trajectory_every")
@@ -503,7 +504,23 @@ def _dynamics(problems, raw, base_dir: Path, replicas) -> dict:
         sec.take("layer_every", number(0, lo_open=True))
     _normalisation_keys(sec)
     _adaptive_keys(sec, integrator, dtype)
+    _stop_keys(sec)
     return {k: sec.out[k] for k in DYNAMICS_KEYS if k in sec.out}
+
+
+def _stop_keys(sec) -> None:
+    """Stop rules (particles.stop), stored only when given: the run ends once the kinetic
+    energy or |dE/dt| stays at most stop_kinetic / stop_energy_rate over stop_window, or the
+    cluster count is unchanged for stop_clusters (times)."""
+    given = [key for key in ("stop_kinetic", "stop_energy_rate", "stop_clusters") if sec.has(key)]
+    for key in given:
+        sec.take(key, number(0, lo_open=True))
+    if sec.has("stop_window"):
+        if not {"stop_kinetic", "stop_energy_rate"} & set(given):
+            sec.problem("stop_window", "applies to stop_kinetic or stop_energy_rate (the time they "
+                                       "must hold for); give one of them or remove it")
+        else:
+            sec.take("stop_window", number(0))
 
 
 def _adaptive_keys(sec, integrator, dtype) -> None:

@@ -354,6 +354,7 @@ EXPECTED_LIBRARY = {
     "heterogeneous_heads", "homogeneous_heads", "relu_vs_softmax_relu",
     "relu_vs_softmax_softmax", "entropy_rise", "near_orthogonal",
     "causal_kpr", "alibi_vs_none_alibi", "alibi_vs_none_none", "three_layers",
+    "stops_when_still",
 }
 
 

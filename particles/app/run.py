@@ -35,6 +35,7 @@ from particles.observables import columns
 from particles.normalisation import RADIAL, RADIUS_COLUMNS
 from particles.output import RunFileError, atomic_write_text, chunk_name, refuse_link, remove_file, write_json
 from particles.simulation import BlowUpError
+from particles.stop import StopRules, StopWriter
 
 from .build import build_simulation
 from .checkpoint import (CheckpointWriter, content_hashes, read_checkpoint, scene_fingerprint,
@@ -215,6 +216,15 @@ def _version_warning(run_dir: Path, previous: dict | None) -> str | None:
             "segment's versions")
 
 
+def stop_writer(scene, sim, log_every: int):
+    """The scene's stop rules ([dynamics] stop_*) as a drive writer on the log's grid, or None."""
+    dyn = scene.data["dynamics"]
+    rules = StopRules(kinetic=dyn.get("stop_kinetic"), energy_rate=dyn.get("stop_energy_rate"),
+                      clusters=dyn.get("stop_clusters"), window=dyn.get("stop_window", 1.0),
+                      cluster_threshold=float(scene.log.cluster_threshold))
+    return StopWriter(rules, log_every, sim.n_heads) if rules.any else None
+
+
 class Runner:
     """One run directory: builds the Simulation and the writers, drives it, records the outcome."""
 
@@ -261,6 +271,8 @@ class Runner:
                  "(Theorem 11) holds for 'post' only")
         self.summary = Summary(sim.n_heads, 1e-5 if sim.dtype == "float32" else 1e-10, self.log_every,
                                energy_note=note, geometry=sim.geometry)
+        self.stop = stop_writer(scene, sim, self.log_every)   # the scene's stop rules, or None
+        self.stopped = None   # {"step", "time", "reason"} once a stop rule ended the run
 
         self.log_path = self.run_dir / "log.csv"
         self.video_path = self.run_dir / render_cfg.file if self.render_on else None
@@ -288,6 +300,8 @@ class Runner:
             if warning:
                 echo(warning)
             self.summary.restore(state["summary"])
+            if self.stop is not None:
+                self.stop.restore(state.get("stop") or {})
             log_resume = (state["log_rows"], state["log_bytes"])
             first_chunk, first_frames = state["trajectory_chunk"], state["trajectory_frames"]
             self._cut_trajectory_back(first_chunk)
@@ -336,7 +350,8 @@ class Runner:
 
     @property
     def writers(self) -> list:
-        return [w for w in (self.log, self.summary, self.traj, self.video, self.checkpoint) if w is not None]
+        return [w for w in (self.log, self.summary, self.traj, self.video, self.checkpoint, self.stop)
+                if w is not None]
 
     # -- setup helpers ------------------------------------------------------------------------
     def _cut_trajectory_back(self, first_chunk: int) -> None:
@@ -410,6 +425,7 @@ class Runner:
                 "trajectory_chunk": self.traj.next_chunk if self.traj else 0,
                 "summary": self.summary.state(), "scene": self.fingerprint,
                 "scene_keys": self.fingerprint.keys,   # a refusal names the keys that differ
+                **({"stop": self.stop.state()} if self.stop is not None else {}),
                 **({"adaptive": self.sim.stepper.state()} if self.sim.stepper is not None else {}),
                 **content_hashes(self.run_dir, self.log.bytes_written,
                                  self.traj.next_chunk if self.traj else 0)}
@@ -443,6 +459,10 @@ class Runner:
         try:
             try:
                 driver.run()
+                if driver.end_reason:
+                    self.stopped = {"step": sim.step_count, "time": sim.time, "reason": driver.end_reason}
+                    message = (f"stopped at step {sim.step_count} of {self.steps_total} (t = {sim.time:g}): "
+                               f"{driver.end_reason}")
             except Stopped:
                 status = "interrupted"
                 what = f" ({self.interrupts.name})" if self.interrupts is not None else ""
@@ -496,7 +516,10 @@ class Runner:
     def _result(self, status: str, message: str) -> RunResult:
         sim = self.sim
         return RunResult(self.run_dir, self.log_path, self.traj and self.traj.folder, self.video_path,
-                         sim.step_count, self.steps_total, status, self.summary.as_dict(), message, sim.arch)
+                         sim.step_count, self.steps_total, status, self._summary(), message, sim.arch)
+
+    def _summary(self) -> dict:
+        return {**self.summary.as_dict(), **({"stopped": self.stopped} if self.stopped else {})}
 
     def close(self, status: str, reason: str | None = None) -> str | None:
         """Close every writer, then record the status in run.json. A fault of the machine while
@@ -513,7 +536,7 @@ class Runner:
                     raise
         if failure and reason is None:
             status, reason = "failed", failure
-        extra = {"summary": self.summary.as_dict()}
+        extra = {"summary": self._summary()}
         if reason:
             extra["reason"] = reason
         try:
