@@ -79,7 +79,10 @@ def _kernels(d: int, dtype: str):
                     v[e] += f[b, h, i, e]
             if ti.static(kind != 0):
                 norm = v.norm()
-                v = v / norm if norm > 0 else v * 0
+                inv = ti.cast(0, real)   # a pull of zero stays zero
+                if norm > 0:
+                    inv = 1 / norm
+                v = v * inv
             if ti.static(kind == 2):
                 radial = ti.cast(0, real)
                 for e in ti.static(range(d)):

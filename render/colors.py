@@ -175,7 +175,9 @@ class TokenColorizer:
 
     def values(self, tokens: np.ndarray, token_values: Mapping[str, np.ndarray] | None) -> np.ndarray:
         """The per-token quantity the colour shows (radial, entropy, norm)."""
-        if self.mode == "norm":
+        if self.mode == "norm":   # given where the drawn points are directions (a radius is state)
+            if token_values is not None and "norm" in token_values:
+                return np.asarray(token_values["norm"], float).ravel()
             return np.linalg.norm(np.asarray(tokens, float), axis=1)
         if token_values is None or self.key not in token_values:
             have = sorted(token_values) if token_values else []

@@ -162,3 +162,24 @@ def test_equiangular_start_follows_the_reduced_ode_of_its_placement(placement):
         np.testing.assert_allclose(gamma, theory.equiangular_curve(0.0, lambdas, beta, n, res["time"]),
                                    rtol=0, atol=1e-13)
     assert gamma[-1] > 0.2    # the tokens did move
+
+
+def test_a_pre_ln_scene_logs_each_radius_and_films_the_directions(tmp_path):
+    """The bundled twin runs from the command line: its note, radius columns in log.csv equal
+    to the saved tokens' radii, and a film (which draws the directions, coloured by radius)."""
+    import csv
+    from cli_runner import particles_cli
+    from particles import load_trajectory
+    out = tmp_path / "run"
+    proc = particles_cli("run", "normalisation_pre", "--steps", 6, "--set", "log.every=3",
+                         "--set", "log.trajectory_every=3", "--set", "render.frames=2", "--out", out, "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert "note: normalisation 'pre': energy is that of the directions" in proc.stdout
+    rows = list(csv.DictReader(open(out / "log.csv")))
+    traj = load_trajectory(out / "trajectory")
+    radius = np.linalg.norm(traj.tokens[-1], axis=-1)
+    assert [int(r["step"]) for r in rows] == [0, 3, 6]
+    assert float(rows[-1]["radius_max"]) == pytest.approx(radius.max(), rel=1e-6)
+    assert float(rows[-1]["radius_mean"]) == pytest.approx(radius.mean(), rel=1e-6)
+    assert float(rows[-1]["radius_mean"]) > 1.1        # grown from the unit sphere in 0.3
+    assert (out / "animation.mp4").stat().st_size > 0

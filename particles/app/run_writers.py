@@ -12,6 +12,7 @@ import numpy as np
 
 from particles.drive import AT_END, NEVER, Every, Writer
 from particles.clusters import cluster_labels, cluster_stats
+from particles.normalisation import RADIAL
 from particles.output import LogWriter, TrajectoryWriter
 from render.panels import is_panel_column
 
@@ -158,11 +159,16 @@ class Video(Writer):
             values = {k: (v[0] if self.ensemble else v) for k, v in state.per_token.items()}
         if self.cluster_threshold is not None:
             values = {**(values or {}), "cluster": cluster_labels(x0, self.cluster_threshold)}
+        if getattr(self, "_directions", False):   # pre/peri-LN: draw the directions, the radius as the norm colour
+            radius = np.linalg.norm(x0, axis=-1)
+            values = {**(values or {}), "norm": radius}
+            x0 = x0 / radius[:, None]
         log = {k: np.asarray(v) for k, v in self.history.items()}
         self.anim.add_frame(x0, state.step * self._dt, log, token_values=values)
 
     def start(self, sim, step, end):
         self._dt = sim.dt
+        self._directions = sim.normalisation in RADIAL
 
     def close(self):
         if self.anim is not None:
