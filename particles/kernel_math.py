@@ -12,6 +12,7 @@ did.
   row energy) for exponential rules;
 - the rule lift: k(z) or k(z, i, j, n) and the potential, for kernel rules, and their
   entropy accumulated relative to the row's largest weight (no cancellation in float32);
+- the retraction onto the sphere after a step;
 - the per-token observables of a state (kinetic, and per head T, C, R, |R|, a, entropy, row
   energy), over one token or L tokens in lanes, the layout's reads and writes passed in;
 - the column reduction of a per-token observable over tokens (float64, fixed order).
@@ -223,6 +224,35 @@ def kernel_entropy(real):
         return entropy
 
     return entropy_rebase, row_entropy_of_kernel
+
+
+# -- the retraction ----------------------------------------------------------------------------------
+def retraction(real, d: int, lanes: int, zero, component, set_component, padded):
+    """A ti.func retract(x, aux, b, i): token i of replica b back onto the unit sphere,
+    x_i <- x_i / |x_i| (the step's last operation on the sphere; the stages leave it by
+    O(dt^(p+1)) only, so the order is kept). Over one token in scalars (lanes = 0,
+    ``kernels.retract``) or ``lanes`` tokens in the lanes of a vector (the fused kernel), whose
+    layouts pass zero(), component(x, b, i, e), set_component(x, b, i, e, value) and
+    padded(aux, i, sum of squares) (the lanes' layout sets its padding lanes' to 1 by its
+    mask, ``aux``). The lanes' 1 / sqrt is taken here: returned from a function of the layout,
+    LLVM compiled it to other last bits."""
+
+    @ti.func
+    def retract(x: ti.template(), aux: ti.template(), b, i):
+        sq = zero()
+        for e in ti.static(range(d)):
+            sq += component(x, b, i, e) * component(x, b, i, e)
+        sq = padded(aux, i, sq)
+        inv = zero()
+        if ti.static(lanes):
+            for k in range(lanes):
+                inv[k] = ti.cast(1, real) / ti.sqrt(sq[k])
+        else:
+            inv = ti.cast(1, real) / ti.sqrt(sq)
+        for e in ti.static(range(d)):
+            set_component(x, b, i, e, component(x, b, i, e) * inv)
+
+    return retract
 
 
 # -- the per-token observables ---------------------------------------------------------------------

@@ -311,18 +311,23 @@ class KernelSet:
                     else:
                         acc[b, i, e] += a * y[b, i, e]
 
+        @ti.func
+        def set_point(y: ti.template(), b, i, e, value):
+            y[b, i, e] = value
+
+        @ti.func
+        def unpadded(unused: ti.template(), i, sq):
+            return sq
+
+        retract_token = kernel_math.retraction(real, d, 0, zero, point, set_point, unpadded)
+
         @ti.kernel
         def retract(x: arr3):
             """Back onto the sphere by renormalising each token (no-op in flat space)."""
             if ti.static(sphere):
                 ti.loop_config(serialize=serial)
                 for b, i in ti.ndrange(x.shape[0], x.shape[1]):
-                    s = c(0)
-                    for e in ti.static(range(d)):
-                        s += x[b, i, e] * x[b, i, e]
-                    inv = c(1) / ti.sqrt(s)
-                    for e in ti.static(range(d)):
-                        x[b, i, e] *= inv
+                    retract_token(x, x, b, i)
 
         @ti.kernel
         def finite_check(x: arr3) -> ti.i32:

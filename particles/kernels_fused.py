@@ -366,6 +366,16 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
         return rowv[b, h, k, jl]  # (entropy, energy)
 
     @ti.func
+    def set_point(y: ti.template(), b, jl, e, value):
+        y[b, e, jl] = value
+
+    @ti.func
+    def padded(mask: ti.template(), jl, sq):
+        return ti.select(mask[jl] > c(0), sq, c(1))   # padding lanes (0) stay 0
+
+    retract_group = kernel_math.retraction(real, d, L, zero, point, set_point, padded)
+
+    @ti.func
     def lanes_to_tok(tok: ti.template(), b, jl, n, slot, value):
         for k in range(L):
             i = jl * L + k
@@ -438,15 +448,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                             st[b, e, jl] = point
         if ti.static(sphere):
             if last:
-                sq = splat(0)
-                for e in ti.static(range(d)):
-                    sq += xt[b, e, jl] * xt[b, e, jl]
-                sq = ti.select(mask[jl] > c(0), sq, c(1))
-                inv = splat(0)
-                for k in range(L):
-                    inv[k] = c(1) / ti.sqrt(sq[k])
-                for e in ti.static(range(d)):
-                    xt[b, e, jl] = xt[b, e, jl] * inv
+                retract_group(xt, mask, b, jl)
 
     @ti.func
     def claim(sync: ti.template(), phase, u, workers):
