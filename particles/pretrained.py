@@ -69,7 +69,7 @@ from .rotary import Rotary
 __all__ = ["PretrainedError", "Checkpoint", "LayerHeads", "TextTokens", "open_checkpoint",
            "load_heads", "text_tokens", "head_table", "LAYOUTS", "EXTRA_HINT", "MINILM_PACKAGE",
            "MINILM_INSTALL", "attention_reference", "attention_maps", "BIASES", "ROTARY",
-           "attention_weights", "block_weights", "hidden_states"]
+           "attention_weights", "block_weights", "hidden_states", "depth_agreement"]
 
 LAYOUTS = ("bert", "gpt2", "llama")
 BIASES = ("keep", "drop")
@@ -776,6 +776,34 @@ def attention_maps(layer_heads: LayerHeads, x, beta: float = 1.0, positions: boo
         W.append(w)
         F.append((w @ u) @ head.value_out.T)
     return np.stack(W), np.stack(F)
+
+
+def depth_agreement(hidden, flow) -> list[dict]:
+    """The flow's depth beside the model's: ``hidden`` [h_0, ..., h_L] (``hidden_states``),
+    ``flow`` [x(0), x(T), ..., x(L T)] the flow's tokens at the layers' ends (layer l from
+    t = l T). Per layer l = 1..L, on directions (both put on the sphere):
+
+    cosine        mean_i cos(x_i(l T), h_l,i)          (1: the same token directions)
+    gram          mean_ij |cos(x_i, x_j) - cos(h_i, h_j)|   (0: the same token geometry)
+    cosine_stay, gram_stay   the same for tokens left at the start x(0) (the baseline)
+    """
+    if len(hidden) != len(flow):
+        raise ParticlesUserError(f"hidden has {len(hidden)} states and flow {len(flow)}; give one per "
+                                 "layer end, the start included")
+
+    def unit(a):
+        a = np.asarray(a, dtype=np.float64)
+        return a / np.linalg.norm(a, axis=1, keepdims=True)
+    x0 = unit(flow[0])
+    rows = []
+    for l in range(1, len(hidden)):
+        h, x = unit(hidden[l]), unit(flow[l])
+        gh = h @ h.T
+        rows.append({"layer": l, "cosine": float(np.mean(np.sum(x * h, axis=1))),
+                     "gram": float(np.mean(np.abs(x @ x.T - gh))),
+                     "cosine_stay": float(np.mean(np.sum(x0 * h, axis=1))),
+                     "gram_stay": float(np.mean(np.abs(x0 @ x0.T - gh)))})
+    return rows
 
 
 # ----------------------------------------------------------------------------- text

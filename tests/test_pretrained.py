@@ -382,6 +382,55 @@ def test_hidden_states_are_the_models_forward(tmp_path, layout, H, Hkv):
         P.hidden_states(tmp_path / "m", text, 3)
 
 
+def test_depth_agreement_measures_directions_and_geometry():
+    rng = np.random.default_rng(2)
+    hidden = [rng.standard_normal((5, 4)) * 3 for _ in range(3)]
+    same = P.depth_agreement(hidden, hidden)
+    assert all(abs(r["cosine"] - 1) < 1e-12 and r["gram"] < 1e-12 for r in same)
+    still = P.depth_agreement(hidden, [hidden[0]] * 3)
+    assert all(r["cosine"] == r["cosine_stay"] and r["gram"] == r["gram_stay"] > 0.05 for r in still)
+    with pytest.raises(ValueError, match="one per layer end"):
+        P.depth_agreement(hidden, hidden[:2])
+
+
+def test_layers_of_pretrained_heads_follow_the_models_depth_in_time(tmp_path):
+    """[[layers]] of a model's layers (depth as time, biases carried): the engine's tokens at
+    each layer's end equal a NumPy RK4 of the same layered flow (float64, 1e-10)."""
+    from particles.app.build import build_simulation
+    from scenes import Scene
+    make_checkpoint(tmp_path / "m", "bert", d=8, H=4)
+    data = {"tokens": {"init": "text", "model": "m", "text": "the cat sat on the mat"},
+            "heads": {"kind": "pretrained", "model": "m", "layer": 0},
+            "dynamics": {"rule": "softmax", "steps": 4, "dt": 0.05, "layer_every": 0.1,
+                         "beta": 2.0, "dtype": "float64"},
+            "layers": [{"heads": {"kind": "pretrained", "model": "m", "layer": 1}}]}
+    scene = Scene.from_dict(data, base_dir=tmp_path)
+    sim = build_simulation(scene)
+    x = scene.build_tokens()
+    layers = [P.load_heads(tmp_path / "m", l) for l in (0, 1)]
+
+    def velocity(lh, y):
+        f = P.attention_maps(lh, y, 2.0)[1].sum(axis=0)
+        return f - np.sum(f * y, axis=1, keepdims=True) * y
+    got, want = [x], [x]
+    for step in range(4):
+        lh, y, dt = layers[step // 2], want[-1], 0.05
+        k1 = velocity(lh, y)
+        k2 = velocity(lh, y + dt / 2 * k1)
+        k3 = velocity(lh, y + dt / 2 * k2)
+        k4 = velocity(lh, y + dt * k3)
+        y = y + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+        want.append(y / np.linalg.norm(y, axis=1, keepdims=True))
+        sim.advance(1)
+        got.append(sim.tokens)
+    assert sim.layer == 1 and sim.implementation == "plain"
+    for g, w in zip(got, want):
+        assert np.max(np.abs(g - w)) < 1e-10
+    rows = P.depth_agreement(P.hidden_states(tmp_path / "m", "the cat sat on the mat"),
+                             [got[0], got[2], got[4]])
+    assert [r["layer"] for r in rows] == [1, 2] and all(-1 <= r["cosine"] <= 1 for r in rows)
+
+
 def test_paths_without_biases_or_rotary_refuse_them_by_name(tmp_path):
     make_checkpoint(tmp_path / "m", "llama", d=8, H=4, Hkv=2, llama_bias=True)
     lh = P.load_heads(tmp_path / "m", 0)
