@@ -159,6 +159,8 @@ class ExplicitRK:
 # lowering the order.
 EULER = ExplicitRK("euler", reach=(), weights=(1,), denominator=1, order=1)
 RK4 = ExplicitRK("rk4", reach=(0.5, 0.5, 1.0), weights=(1, 2, 2, 1), denominator=6, order=4)
+# Heun's method (explicit trapezoid); with retraction 'exp' its commutator-free Lie-group form
+HEUN = ExplicitRK("heun", reach=(1.0,), weights=(1, 1), denominator=2, order=2)
 # Full lower-triangular tableaux (not offered to scenes; Simulation(integrator=...) takes them)
 KUTTA_38 = ExplicitRK("kutta_3/8", a=((1 / 3,), (-1 / 3, 1), (1, -1, 1)), weights=(1, 3, 3, 1),
                       denominator=8, order=4)
@@ -244,7 +246,7 @@ class Adaptive:
 EMBEDDED_PAIRS = {m.name: m for m in (DOPRI5, BS32)}
 # The names scenes and Simulation(integrator=...) take; an embedded pair named here steps
 # adaptively (the tableau object itself, e.g. integrators.DOPRI5, steps at the fixed dt).
-INTEGRATORS = {**{m.name: m for m in (EULER, RK4)},
+INTEGRATORS = {**{m.name: m for m in (EULER, RK4, HEUN)},
                **{name: Adaptive(m) for name, m in EMBEDDED_PAIRS.items()}}
 
 

@@ -169,7 +169,8 @@ class PathSpec:
         if needs.entropy_rate and not self.entropy_rate:
             out.append("the entropy rate")
         if needs.adaptive and not self.adaptive:
-            out.append("adaptive steps (integrator 'dopri5', 'bs32' or particles.Adaptive)")
+            out.append("adaptive steps (integrator 'dopri5', 'bs32' or particles.Adaptive) or "
+                       "retraction 'exp' (stepped outside the fused kernel)")
         if self.cpu_only and needs.arch != "cpu":
             out.append(f"arch {needs.arch!r} (it runs on the CPU only)")
         if self.max_rank is not None and max(needs.r, needs.rv) > self.max_rank:

@@ -6,7 +6,7 @@ from typing import Sequence
 import numpy as np
 import taichi as ti
 
-from . import adaptive
+from . import adaptive, lie
 from . import attention as attention_mod
 from . import backend, kernels, kernels_fused, kernels_gpu, kernels_wide, paths  # each registers its implementations
 from . import display, head_terms
@@ -131,18 +131,25 @@ class Simulation:
     adaptive steps with error control (``particles.adaptive``), each replica its own: dt is
     then the grid on which rows, frames and layer switches land, and ``sim.stepper.stats()``
     counts accepted and rejected steps.
+    retraction: 'normalise' (each step ends by renormalising the tokens) or 'exp' (the exact
+    step on the sphere, ``particles.lie``: tokens rotate in the plane of x and xdot; with
+    'euler' the Lie-Euler step, with 'heun' its commutator-free order-2 form).
     """
 
     def __init__(self, tokens, heads: Sequence, beta=1.0, rule: str | Rule = "exp",
                  geometry: str = "sphere", dt: float = 0.01, integrator: str | ExplicitRK = "rk4",
                  dtype: str = "float32", arch: str = "cpu", entropy_rate: bool = False,
                  batch: int = 64, path: str = "auto", attention=None,
-                 normalisation: str = "post", ngpt_alpha: float = 1.0):
+                 normalisation: str = "post", ngpt_alpha: float = 1.0, retraction: str = "normalise"):
         self._blown_up = None  # the BlowUpError message while the state is not finite
         geometry = validation.choice("geometry", geometry, GEOMETRIES)
         self.normalisation, self.ngpt_alpha = normalisation_mod.check(normalisation, geometry, ngpt_alpha)
         dtype = validation.choice("dtype", dtype, DTYPES)
         method, self.adaptive = split_integrator(integrator)
+        self.retraction = validation.choice("retraction", retraction, ("normalise", "exp"))
+        if self.retraction == "exp" and self.adaptive is not None:
+            raise ParticlesUserError("retraction 'exp' steps with 'euler' or 'heun' at a fixed dt; "
+                                     "adaptive steps renormalise (retraction 'normalise')")
         path = validation.choice("path", path, ("auto", "fused", "tiled", "plain"))
         validation.choice("arch", arch, ARCHES)
         batch = validation.integer("batch", batch, 1)
@@ -233,7 +240,7 @@ class Simulation:
             layers=self.scheduled, entropy_rate=self.entropy_rate_enabled, arch=self.arch,
             n=n, d=d, H=H, r=r, rv=rv, dtype=dtype, passes=pass_needs, head_terms=any(layer_terms),
             normalisation=self.normalisation,
-            adaptive=self.adaptive is not None))
+            adaptive=self.adaptive is not None or self.retraction == "exp"))
         self.path = self.plan.path
         self._notice = backend.BuildNotice(_build_sizes(self, r, rv), 2 if self.plan.steps else 2 + 2 * len(layers))
         self._notice.stage("the pair passes' kernels")
@@ -280,7 +287,8 @@ class Simulation:
         if self._placement is not None:
             self._ops.retract = self._placement.retract(self._kern)
         # adaptive stepping (particles.adaptive): None at a fixed step
-        self.stepper = None if self.adaptive is None else adaptive.Stepper(self, self.adaptive)
+        self.stepper = (adaptive.Stepper(self, self.adaptive) if self.adaptive is not None
+                        else lie.LieStepper(self, method) if self.retraction == "exp" else None)
         self._warm_up()
 
     # -- what the integrators' operations object calls --------------------------------------

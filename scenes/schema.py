@@ -57,7 +57,7 @@ DYNAMICS_KEYS = ("geometry", "rule", "rule_file", "beta", "betas", "dt", "steps"
                  "integrator", "dtype", "arch", "mask", "window", "alibi", "layer_every",
                  "normalisation", "ngpt_alpha", "sinkhorn_iterations",
                  "sinkhorn_tolerance", "rtol", "atol", "dt_min", "dt_max",
-                 "stop_kinetic", "stop_energy_rate", "stop_clusters", "stop_window")
+                 "stop_kinetic", "stop_energy_rate", "stop_clusters", "stop_window", "retraction")
 LAYER_KEYS = ("start", "heads", "rule", "mask", "window", "alibi")
 LOG_KEYS = ("every", "energy", "radial", "entropy", "entropy_rate", "clusters_every",
             "cluster_threshold", "trajectory_every")
@@ -505,7 +505,22 @@ def _dynamics(problems, raw, base_dir: Path, replicas) -> dict:
     _normalisation_keys(sec)
     _adaptive_keys(sec, integrator, dtype)
     _stop_keys(sec)
+    _retraction_key(sec, integrator)
     return {k: sec.out[k] for k in DYNAMICS_KEYS if k in sec.out}
+
+
+def _retraction_key(sec, integrator) -> None:
+    """normalise (the default, not stored) or exp: the exact step on the sphere
+    (particles.lie), with integrator euler (Lie-Euler) or heun (commutator-free, order 2)."""
+    if not sec.has("retraction"):
+        return
+    if sec.take("retraction", choice("normalise", "exp")) != "exp":
+        return
+    if sec.out.get("geometry") != "sphere":
+        sec.problem("retraction", "'exp' rotates tokens on the sphere; with geometry = 'flat' remove it")
+    if integrator is not MISSING and integrator not in ("euler", "heun"):
+        sec.problem("retraction", f"'exp' steps with integrator = 'euler' (Lie-Euler) or 'heun' (its "
+                                  f"commutator-free Lie-group form, order 2), not '{integrator}'")
 
 
 def _stop_keys(sec) -> None:

@@ -141,7 +141,8 @@ def build_simulation(scene, *, tokens=None, heads=None, beta=None, entropy_rate=
     return Simulation(tokens, heads, beta=beta, rule=rule, geometry=dyn["geometry"], dt=dyn["dt"],
                       integrator=integrator_of(dyn), dtype=dyn["dtype"], arch=dyn["arch"],
                       entropy_rate=entropy_rate, attention=attention,
-                      normalisation=dyn.get("normalisation", "post"), ngpt_alpha=dyn.get("ngpt_alpha", 1.0))
+                      normalisation=dyn.get("normalisation", "post"), ngpt_alpha=dyn.get("ngpt_alpha", 1.0),
+                      retraction=dyn.get("retraction", "normalise"))
 
 
 def integrator_of(dyn: dict):

@@ -406,7 +406,7 @@ class Runner:
                           "trajectory": "trajectory" if self.traj else None,
                           "video": self.video_path.name if self.video_path else None},
                 "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        if sim.stepper is not None:   # adaptive steps: the tolerances and the steps taken
+        if sim.adaptive is not None:   # adaptive steps: the tolerances and the steps taken
             info["adaptive"] = {"integrator": sim.integrator.name, "rtol": sim.adaptive.rtol,
                                 "atol": sim.adaptive.atol, **sim.stepper.stats()}
         info.update(extra or {})
