@@ -47,8 +47,10 @@ STEP_FLOOR = 1e-12  # with dt_min = 0, a step below this fraction of the grid dt
 _KERNELS: dict = {}
 
 
-def _kernels(real, d: int):
-    key = (real, d)
+def _kernels(real, d: int, serial: bool):
+    """serial: the O(n d) loops on one CPU thread, cheaper than a parallel dispatch (~80 us)
+    at the sizes the adaptive path serves (as kernels.axpy)."""
+    key = (real, d, serial)
     if key in _KERNELS:
         return _KERNELS[key]
     arr3 = ti.types.ndarray(dtype=real, ndim=3)
@@ -68,6 +70,7 @@ def _kernels(real, d: int):
     def combine(out: arr3, x: arr3, h: arr1, coef: arr1, nterms: ti.i32, k0: arr3, k1: arr3, k2: arr3,
                 k3: arr3, k4: arr3, k5: arr3, k6: arr3):
         """out = x + h_r sum_{j < nterms} coef_j k_j per replica r (out = x where h_r = 0)."""
+        ti.loop_config(serialize=serial)
         for b, i in ti.ndrange(out.shape[0], out.shape[1]):
             hb = h[b]
             for e in ti.static(range(d)):
@@ -96,6 +99,7 @@ def _kernels(real, d: int):
                    k5: arr3, k6: arr3):
         """Per token: sum over components of (h_r sum_j coef_j k_j / scale)^2, in float64;
         +inf where a slope or the new state is not finite."""
+        ti.loop_config(serialize=serial)
         for b, i in ti.ndrange(out.shape[0], out.shape[1]):
             acc = ti.cast(0, ti.f64)
             hb = ti.cast(h[b], ti.f64)
@@ -118,6 +122,7 @@ def _kernels(real, d: int):
     def error_sums(rows: f64_2, out: f64_1):
         """Per replica, the sum over its tokens in token order (serial within a replica:
         the same bits whatever the other replicas hold)."""
+        ti.loop_config(serialize=serial)
         for b in range(rows.shape[0]):
             s = ti.cast(0, ti.f64)
             for i in range(rows.shape[1]):
@@ -127,6 +132,7 @@ def _kernels(real, d: int):
     @ti.kernel
     def accept(x: arr3, x_new: arr3, k_first: arr3, k_last: arr3, flags: i32_1, copy_slope: ti.i32):
         """x_r <- x_new,r (and k_first,r <- k_last,r) for each replica r whose flag is set."""
+        ti.loop_config(serialize=serial)
         for b, i in ti.ndrange(x.shape[0], x.shape[1]):
             if flags[b] != 0:
                 for e in ti.static(range(d)):
@@ -155,7 +161,7 @@ class Stepper:
         R, n, d = sim.n_replicas, sim.n, sim.d
         real = ti.f32 if sim.dtype == "float32" else ti.f64
         self.np_real = np.float32 if sim.dtype == "float32" else np.float64
-        self.kern = _kernels(real, d)
+        self.kern = _kernels(real, d, sim.arch == "cpu")
         S = tableau.stages
         self.slopes = [sim._xdot] + [ti.ndarray(real, shape=(R, n, d)) for _ in range(S - 1)]
         self.point = sim._stage_x
