@@ -32,6 +32,8 @@ def _pull(y, heads, beta, rule):
 def reference_velocity(x, heads, beta, rule, placement, alpha=1.0):
     y = x / np.linalg.norm(x, axis=-1, keepdims=True)
     v = _pull(y, heads, beta, rule)
+    if placement == "post":      # the paper's sphere, at unit tokens
+        return v - np.sum(v * y, axis=-1, keepdims=True) * y
     if placement == "pre":
         return v
     u = v / np.linalg.norm(v, axis=-1, keepdims=True)
@@ -48,7 +50,7 @@ def reference_rk4(x, heads, beta, rule, placement, alpha, dt, steps):
         k3 = f(x + 0.5 * dt * k2)
         k4 = f(x + dt * k3)
         x = x + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
-        if placement == "ngpt":
+        if placement in ("post", "ngpt"):
             x = x / np.linalg.norm(x, axis=-1, keepdims=True)
     return x
 
@@ -183,3 +185,26 @@ def test_a_pre_ln_scene_logs_each_radius_and_films_the_directions(tmp_path):
     assert float(rows[-1]["radius_mean"]) == pytest.approx(radius.mean(), rel=1e-6)
     assert float(rows[-1]["radius_mean"]) > 1.1        # grown from the unit sphere in 0.3
     assert (out / "animation.mp4").stat().st_size > 0
+
+
+@pytest.mark.parametrize("placement", ("post",) + PLACEMENTS)
+def test_the_energy_of_the_directions_rises_at_the_placements_rate(placement):
+    """Theorem 11's assumptions (exp, V = M symmetric): dE/dt = (1/n) sum_i s_i |P A_i|^2 with
+    the placement's speed s_i (docs/MODEL.md), by a central difference of the logged energy."""
+    x, _ = _system(seed=11, n=10, d=3)
+    M = np.array([[1.0, 0.3, 0.0], [0.3, 0.5, 0.2], [0.0, 0.2, 0.8]])
+    heads, beta, dt, alpha = [(M, M)], 1.5, 1e-3, ALPHA.get(placement, 1.0)
+    start = x if placement in ("pre", "peri") else x / np.linalg.norm(x, axis=-1, keepdims=True)
+    sim = Simulation(start, heads, beta=beta, rule="exp", dtype="float64", dt=dt,
+                     normalisation=placement, ngpt_alpha=alpha)
+    energy = sim.run(20, every=10)["energy"]
+    mid = reference_rk4(start, heads, beta, "exp", placement, alpha, dt, 10)
+    r = np.linalg.norm(mid, axis=-1, keepdims=True)
+    y = mid / r
+    A = _pull(y, heads, beta, "exp")
+    tangent = A - np.sum(A * y, axis=-1, keepdims=True) * y
+    speed = {"post": 1.0, "pre": 1 / r, "peri": 1 / (r * np.linalg.norm(A, axis=-1, keepdims=True)),
+             "ngpt": alpha / np.linalg.norm(A, axis=-1, keepdims=True)}[placement]
+    rate = np.mean(np.sum(speed * tangent ** 2, axis=-1))
+    assert np.all(np.diff(energy) > 0)
+    assert (energy[2] - energy[0]) / (20 * dt) == pytest.approx(rate, rel=1e-4)   # O(dt^2): 3e-5
