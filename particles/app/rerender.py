@@ -13,6 +13,7 @@ from render.config import RenderConfig, RunInfo
 from render.panels import is_panel_column
 
 from particles.clusters import cluster_labels
+from particles.normalisation import RADIAL
 from particles.output import RunFileError
 
 from .build import build_simulation, head_masks
@@ -193,4 +194,8 @@ def _render_frames(path, cfg, scene, heads, meta, times, tokens, log, panel_keys
                 values = sim.per_token()
             if cfg.color_by == "cluster":   # the log's labelling, at the scene's threshold
                 values = {"cluster": cluster_labels(x, threshold)}
+            if scene.data["dynamics"].get("normalisation", "post") in RADIAL:
+                radius = np.linalg.norm(x, axis=-1)   # the directions drawn, the radius as the norm colour
+                values = {**(values or {}), "norm": radius}
+                x = x / radius[:, None]
             anim.add_frame(x, float(t), {k: log[k][upto] for k in panel_keys}, token_values=values)
