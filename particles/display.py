@@ -51,6 +51,9 @@ def simulation_fields(sim) -> list[tuple[str, object]]:
                ("dtype", sim.dtype), ("arch", sim.arch), ("path", sim.path)]
     if sim.scheduled:
         fields.append(("layers", len(sim.schedule.layers)))
+    placement = getattr(sim, "normalisation", "post")
+    if placement != "post":   # where the LayerNorm sits (the default, the sphere, goes unsaid)
+        fields.append(("normalisation", placement + (f" (alpha {sim.ngpt_alpha:g})" if placement == "ngpt" else "")))
     fields += [("step", sim.step_count), ("time", sim.time)]
     return fields
 
