@@ -9,7 +9,7 @@ did.
   LLVM's loop vectoriser takes; 2.2e-7 relative) and ``exp_clamped`` (L-lane vectors, which
   have no bit casts in Taichi; 3.4e-6 relative where a weight counts);
 - the online-softmax rebase of a row's sums on a new maximum, and the row finish (entropy,
-  row energy) for exponential rules;
+  row energy; ``row_finish``);
 - the rule lift: k(z) or k(z, i, j, n) and the potential, for kernel rules, and their
   entropy accumulated relative to the row's largest weight (no cancellation in float32);
 - the retraction onto the sphere after a step;
@@ -28,6 +28,14 @@ from .layout import SLOT_CROSS, SLOT_ENTROPY, SLOT_KINETIC, SLOT_RADIAL, SLOT_RA
 CLAMP = -30.0  # float32 weights below e^-30 relative to the row maximum are rounded up to it
 EXP_SQUARINGS = 5  # the float32 vector exp squares e^(z / 32): |z / 32| <= 0.94 for z >= CLAMP
 EXP_DEGREE = 7     # Taylor degree of e^y there: truncation below the squarings' rounding for z >= -10
+# Loops over the d components are unrolled at compile time up to this d (every path and test
+# size; the fused path's limit too); above, runtime loops: unrolled at d = 384 (MiniLM) the
+# observables' combine, the reduction and each integrator kernel took 30-150 s each to compile.
+UNROLL_MAX_D = 64
+# Loops over the d components are unrolled at compile time up to this d (every path and test
+# size; the fused path's limit too); above, runtime loops: unrolled at d = 384 (MiniLM) the
+# observables' combine, the reduction and each integrator kernel took 30-150 s each to compile.
+UNROLL_MAX_D = 64
 
 
 # -- the float32 exps ---------------------------------------------------------------------------
@@ -139,6 +147,35 @@ def row_entropy(log_wsum, ent, wsum):
     return log_wsum - ent / wsum
 
 
+def row_finish(real, exponential: bool, guarded: bool = True):
+    """A ti.func finish(m, wsum, ent, wpos, top, pot) -> the vector (entropy, energy) of a
+    finished row: for the exponential rules the entropy ``row_entropy`` and the log of the
+    row's energy sum, sum_j e^z_j = e^m wsum (0, 0 for a row without weight unless
+    guarded=False: the register-tile passes, whose rows hold their maximum's weight 1); for
+    kernel rules the entropy relative to the largest weight (``kernel_entropy``) and the
+    potential's row sum ``pot``."""
+    _, kernel_row_entropy = kernel_entropy(real)
+
+    @ti.func
+    def finish(m, wsum, ent, wpos, top, pot):
+        entropy = ti.cast(0, real)
+        energy = pot
+        if ti.static(exponential and not guarded):
+            log_wsum = ti.log(wsum)
+            entropy = row_entropy(log_wsum, ent, wsum)
+            energy = m + log_wsum
+        elif ti.static(exponential):
+            if wsum > 0:
+                log_wsum = ti.log(wsum)
+                entropy = row_entropy(log_wsum, ent, wsum)
+                energy = m + log_wsum
+        else:
+            entropy = kernel_row_entropy(wsum, wpos, top, ent)
+        return ti.Vector([entropy, energy])
+
+    return finish
+
+
 def normalisation(real, softmax: bool, exponential: bool, guarded: bool = True):
     """A ti.func row_norm(wsum, m, count): the factor that turns a row's weighted sum of u into
     its pull g_i. softmax: 1 / wsum (0 for a row without weight); mean: 1 / count, the visible
@@ -240,8 +277,12 @@ def retraction(real, d: int, lanes: int, zero, component, set_component, padded)
     @ti.func
     def retract(x: ti.template(), aux: ti.template(), b, i):
         sq = zero()
-        for e in ti.static(range(d)):
-            sq += component(x, b, i, e) * component(x, b, i, e)
+        if ti.static(d <= UNROLL_MAX_D):
+            for e in ti.static(range(d)):
+                sq += component(x, b, i, e) * component(x, b, i, e)
+        else:
+            for e in range(d):
+                sq += component(x, b, i, e) * component(x, b, i, e)
         sq = padded(aux, i, sq)
         inv = zero()
         if ti.static(lanes):
@@ -249,8 +290,12 @@ def retraction(real, d: int, lanes: int, zero, component, set_component, padded)
                 inv[k] = ti.cast(1, real) / ti.sqrt(sq[k])
         else:
             inv = ti.cast(1, real) / ti.sqrt(sq)
-        for e in ti.static(range(d)):
-            set_component(x, b, i, e, component(x, b, i, e) * inv)
+        if ti.static(d <= UNROLL_MAX_D):
+            for e in ti.static(range(d)):
+                set_component(x, b, i, e, component(x, b, i, e) * inv)
+        else:
+            for e in range(d):
+                set_component(x, b, i, e, component(x, b, i, e) * inv)
 
     return retract
 
@@ -277,6 +322,20 @@ def token_observables(H: int, d: int, sphere: bool, zero, absolute, head_output,
         return 1 + h * SLOTS_PER_HEAD + s
 
     @ti.func
+    def tangent_term(f: ti.template(), y: ti.template(), ah, b, h, i, e):  # |P f^h|^2's component e
+        pe = head_output(f, b, h, i, e)
+        if ti.static(sphere):
+            pe = pe - ah * point(y, b, i, e)
+        return pe * pe
+
+    @ti.func
+    def tangent_term(f: ti.template(), y: ti.template(), ah, b, h, i, e):  # |P f^h|^2's component e
+        pe = head_output(f, b, h, i, e)
+        if ti.static(sphere):
+            pe = pe - ah * point(y, b, i, e)
+        return pe * pe
+
+    @ti.func
     def observe(f: ti.template(), y: ti.template(), radial: ti.template(), row: ti.template(),
                 tok: ti.template(), b, i, n, v_radial, kinetic):
         abs_sum = zero()
@@ -286,17 +345,22 @@ def token_observables(H: int, d: int, sphere: bool, zero, absolute, head_output,
         for h in range(H):
             ah = radial_shadow(radial, b, h, i)
             tangent = zero()
-            for e in ti.static(range(d)):
-                pe = head_output(f, b, h, i, e)
-                if ti.static(sphere):
-                    pe = pe - ah * point(y, b, i, e)
-                tangent += pe * pe
+            if ti.static(d <= UNROLL_MAX_D):
+                for e in ti.static(range(d)):
+                    tangent += tangent_term(f, y, ah, b, h, i, e)
+            else:
+                for e in range(d):
+                    tangent += tangent_term(f, y, ah, b, h, i, e)
             cross = zero()
             for h2 in range(H):
                 if h2 != h:
                     gram = zero()
-                    for e in ti.static(range(d)):
-                        gram += head_output(f, b, h, i, e) * head_output(f, b, h2, i, e)
+                    if ti.static(d <= UNROLL_MAX_D):
+                        for e in ti.static(range(d)):
+                            gram += head_output(f, b, h, i, e) * head_output(f, b, h2, i, e)
+                    else:
+                        for e in range(d):
+                            gram += head_output(f, b, h, i, e) * head_output(f, b, h2, i, e)
                     cross += gram
             radial_pair = zero()
             radial_abs_pair = zero()

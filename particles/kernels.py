@@ -64,10 +64,13 @@ class KernelSet:
         has_potential = rule.has_potential
         with_potential = rule.potential is not None and not exponential
         weight_fn, potential_fn = (None, None) if exponential else kernel_math.rule_lift(rule, real)
-        entropy_rebase, kernel_row_entropy = kernel_math.kernel_entropy(real)
+        entropy_rebase, _ = kernel_math.kernel_entropy(real)
         row_norm = kernel_math.normalisation(real, softmax_norm, exponential)
+        finish_row = kernel_math.row_finish(real, exponential)
         NEG_BIG = -3.0e38 if dtype == "float32" else -1.0e300
         n_slots = n_tok_slots(H)
+        unrolled = d <= kernel_math.UNROLL_MAX_D   # loops over components unrolled at compile time
+        unrolled = d <= kernel_math.UNROLL_MAX_D   # loops over components unrolled at compile time
         arr2 = ti.types.ndarray(dtype=real, ndim=2)
         arr1 = ti.types.ndarray(dtype=real, ndim=1)
         arr3 = ti.types.ndarray(dtype=real, ndim=3)
@@ -164,20 +167,11 @@ class KernelSet:
                 for a in ti.static(range(rv)):
                     g[b, h, i, a] = acc[a] * norm
                 if ti.static(observe):
+                    stats = finish_row(m, wsum, ent, wpos, top, pot)
                     row[b, h, i, 0] = m
                     row[b, h, i, 1] = wsum
-                    entropy = c(0)
-                    if ti.static(exponential):
-                        if wsum > 0:
-                            entropy = kernel_math.row_entropy(ti.log(wsum), ent, wsum)
-                    else:
-                        entropy = kernel_row_entropy(wsum, wpos, top, ent)
-                    row[b, h, i, 2] = entropy
-                    if ti.static(exponential):
-                        # log of the row's energy sum: sum_j e^{z} = e^m * wsum
-                        row[b, h, i, 3] = m + ti.log(wsum)
-                    else:
-                        row[b, h, i, 3] = pot
+                    row[b, h, i, 2] = stats[0]
+                    row[b, h, i, 3] = stats[1]
 
         @ti.kernel
         def head_out(g: arr4, Of: arr3, f: arr4):
@@ -280,36 +274,59 @@ class KernelSet:
             ti.loop_config(serialize=True)
             for b in range(x.shape[0]):
                 # sum of the normalised tokens (they are unit already on the sphere)
-                total = ti.Vector.zero(ti.f64, d)
-                for i in range(x.shape[1]):
-                    norm2 = ti.cast(0, ti.f64)
-                    for e2 in ti.static(range(d)):
-                        norm2 += ti.cast(x[b, i, e2], ti.f64) ** 2
-                    if norm2 > 0:
-                        norm = ti.sqrt(norm2)
-                        for e in ti.static(range(d)):
-                            total[e] += ti.cast(x[b, i, e], ti.f64) / norm
-                for e in ti.static(range(d)):
-                    sumx[slot, b, e, 0] = total[e]
+                if ti.static(unrolled):
+                    total = ti.Vector.zero(ti.f64, d)
+                    for i in range(x.shape[1]):
+                        norm2 = ti.cast(0, ti.f64)
+                        for e2 in ti.static(range(d)):
+                            norm2 += ti.cast(x[b, i, e2], ti.f64) ** 2
+                        if norm2 > 0:
+                            norm = ti.sqrt(norm2)
+                            for e in ti.static(range(d)):
+                                total[e] += ti.cast(x[b, i, e], ti.f64) / norm
+                    for e in ti.static(range(d)):
+                        sumx[slot, b, e, 0] = total[e]
+                else:   # summed in place, in the same order
+                    for e in range(d):
+                        sumx[slot, b, e, 0] = 0
+                    for i in range(x.shape[1]):
+                        norm2 = ti.cast(0, ti.f64)
+                        for e2 in range(d):
+                            norm2 += ti.cast(x[b, i, e2], ti.f64) ** 2
+                        if norm2 > 0:
+                            norm = ti.sqrt(norm2)
+                            for e in range(d):
+                                sumx[slot, b, e, 0] += ti.cast(x[b, i, e], ti.f64) / norm
 
         @ti.kernel
         def axpy(out: arr3, x: arr3, a: real, y: arr3):
             """out = x + a * y."""
             ti.loop_config(serialize=serial)  # O(n d): cheaper than a parallel dispatch (~80 us)
             for b, i in ti.ndrange(out.shape[0], out.shape[1]):
-                for e in ti.static(range(d)):
-                    out[b, i, e] = x[b, i, e] + a * y[b, i, e]
+                if ti.static(unrolled):
+                    for e in ti.static(range(d)):
+                        out[b, i, e] = x[b, i, e] + a * y[b, i, e]
+                else:
+                    for e in range(d):
+                        out[b, i, e] = x[b, i, e] + a * y[b, i, e]
 
         @ti.kernel
         def accumulate(acc: arr3, a: real, y: arr3, first: ti.i32):
             """acc = a * y (first) or acc += a * y."""
             ti.loop_config(serialize=serial)
             for b, i in ti.ndrange(acc.shape[0], acc.shape[1]):
-                for e in ti.static(range(d)):
-                    if first:
-                        acc[b, i, e] = a * y[b, i, e]
-                    else:
-                        acc[b, i, e] += a * y[b, i, e]
+                if ti.static(unrolled):
+                    for e in ti.static(range(d)):
+                        if first:
+                            acc[b, i, e] = a * y[b, i, e]
+                        else:
+                            acc[b, i, e] += a * y[b, i, e]
+                else:
+                    for e in range(d):
+                        if first:
+                            acc[b, i, e] = a * y[b, i, e]
+                        else:
+                            acc[b, i, e] += a * y[b, i, e]
 
         @ti.func
         def set_point(y: ti.template(), b, i, e, value):
@@ -335,9 +352,14 @@ class KernelSet:
             bad = -1
             n = x.shape[1]
             for b, i in ti.ndrange(x.shape[0], n):
-                for e in ti.static(range(d)):
-                    if ti.math.isnan(x[b, i, e]) or ti.math.isinf(x[b, i, e]):
-                        ti.atomic_max(bad, b * n + i)
+                if ti.static(unrolled):
+                    for e in ti.static(range(d)):
+                        if ti.math.isnan(x[b, i, e]) or ti.math.isinf(x[b, i, e]):
+                            ti.atomic_max(bad, b * n + i)
+                else:
+                    for e in range(d):
+                        if ti.math.isnan(x[b, i, e]) or ti.math.isinf(x[b, i, e]):
+                            ti.atomic_max(bad, b * n + i)
             return bad
 
         self.project, self.pair, self.head_out, self.combine = project, pair, head_out, combine
@@ -536,6 +558,7 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
     w_arr = vecT if lanes_j else vecA  # the types of wt and uc (see FastHeads)
     u_arr = arr1 if lanes_j else vecA
     row_norm = kernel_math.normalisation(real, softmax_norm, True, guarded=False)
+    finish_row = kernel_math.row_finish(real, True, guarded=False)
 
     @ti.func
     def c(value):
@@ -836,8 +859,9 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
                     norm[t] = row_norm(wsum[t], m[t], count)
                     row[b, h, i, 0] = m[t]
                     row[b, h, i, 1] = wsum[t]
-                    row[b, h, i, 2] = kernel_math.row_entropy(ti.log(wsum[t]), ent[t], wsum[t])
-                    row[b, h, i, 3] = m[t] + ti.log(wsum[t])
+                    stats = finish_row(m[t], wsum[t], ent[t], c(0), c(0), c(0))
+                    row[b, h, i, 2] = stats[0]
+                    row[b, h, i, 3] = stats[1]
             for a in range(rv):
                 gv = ti.Vector.zero(real, TP)
                 for t in ti.static(range(TI)):

@@ -164,8 +164,9 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
     softmax_norm = rule.normalization == "softmax"
     with_potential = rule.potential is not None and not exponential
     weight_fn, potential_fn = (None, None) if exponential else kernel_math.rule_lift(rule, real)
-    entropy_rebase, kernel_row_entropy = kernel_math.kernel_entropy(real)
+    entropy_rebase, _ = kernel_math.kernel_entropy(real)
     row_norm = kernel_math.normalisation(real, softmax_norm, exponential)
+    finish_row = kernel_math.row_finish(real, exponential)
     NEG_BIG = -3.0e38 if f32 else -1.0e300
     RVP = -(-rv // AC) * AC
     n_slots = n_tok_slots(H)
@@ -292,15 +293,11 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
         if observe:
             for t in ti.static(range(TR)):
                 entropy = splat(0)
-                energy = pot[t]
+                energy = splat(0)
                 for k in range(L):
-                    if ti.static(exponential):
-                        if wsum[t][k] > 0:
-                            lw = ti.log(wsum[t][k])
-                            entropy[k] = kernel_math.row_entropy(lw, ent[t][k], wsum[t][k])
-                            energy[k] = m[t][k] + lw
-                    else:
-                        entropy[k] = kernel_row_entropy(wsum[t][k], wpos[t][k], top_w[t][k], ent[t][k])
+                    stats = finish_row(m[t][k], wsum[t][k], ent[t][k], wpos[t][k], top_w[t][k], pot[t][k])
+                    entropy[k] = stats[0]
+                    energy[k] = stats[1]
                 rowv[b, h, 0, il0 + t] = entropy
                 rowv[b, h, 1, il0 + t] = energy
 

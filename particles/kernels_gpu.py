@@ -155,8 +155,9 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
     softmax_norm = rule.normalization == "softmax"
     with_potential = rule.potential is not None and not exponential
     weight_fn, potential_fn = (None, None) if exponential else kernel_math.rule_lift(rule, real)
-    entropy_rebase, kernel_row_entropy = kernel_math.kernel_entropy(real)
+    entropy_rebase, _ = kernel_math.kernel_entropy(real)
     row_norm = kernel_math.normalisation(real, softmax_norm, exponential)
+    finish_row = kernel_math.row_finish(real, exponential)
     NEG_BIG = -3.0e38 if dtype == "float32" else -1.0e300
     T = THREADS
     RT = rows_per_thread(r, rv)
@@ -299,19 +300,11 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
                     for a in ti.static(range(rv)):
                         g[b, h, i, a] = acc[s, a] * norm
                     if ti.static(observe):
+                        stats = finish_row(m[s], wsum[s], ent[s], wpos[s], top[s], pot[s])
                         row[b, h, i, 0] = m[s]
                         row[b, h, i, 1] = wsum[s]
-                        entropy = c(0)
-                        if ti.static(exponential):
-                            if wsum[s] > 0:
-                                entropy = kernel_math.row_entropy(ti.log(wsum[s]), ent[s], wsum[s])
-                        else:
-                            entropy = kernel_row_entropy(wsum[s], wpos[s], top[s], ent[s])
-                        row[b, h, i, 2] = entropy
-                        if ti.static(exponential):
-                            row[b, h, i, 3] = m[s] + ti.log(wsum[s])
-                        else:
-                            row[b, h, i, 3] = pot[s]
+                        row[b, h, i, 2] = stats[0]
+                        row[b, h, i, 3] = stats[1]
 
     return pair
 
