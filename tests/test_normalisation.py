@@ -208,3 +208,17 @@ def test_the_energy_of_the_directions_rises_at_the_placements_rate(placement):
     rate = np.mean(np.sum(speed * tangent ** 2, axis=-1))
     assert np.all(np.diff(energy) > 0)
     assert (energy[2] - energy[0]) / (20 * dt) == pytest.approx(rate, rel=1e-4)   # O(dt^2): 3e-5
+
+
+@pytest.mark.slow
+def test_a_peri_ln_run_resumes_bitwise(tmp_path):
+    """The checkpoint of a run whose radius is state (tokens off the unit sphere) is accepted,
+    and the resumed log equals the uninterrupted one byte for byte."""
+    from cli_runner import particles_cli
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    for out, steps in ((whole, 40), (split, 20)):
+        proc = particles_cli("run", "normalisation_peri", "--steps", steps, "--no-render", "--out", out, "--quiet")
+        assert proc.returncode == 0, proc.stderr
+    proc = particles_cli("resume", split, "--steps", 40, "--no-render", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert (split / "log.csv").read_bytes() == (whole / "log.csv").read_bytes()
