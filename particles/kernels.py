@@ -71,6 +71,7 @@ class KernelSet:
         n_slots = n_tok_slots(H)
         unrolled = d <= kernel_math.UNROLL_MAX_D   # loops over components unrolled at compile time
         unrolled = d <= kernel_math.UNROLL_MAX_D   # loops over components unrolled at compile time
+        unrolled = d <= kernel_math.UNROLL_MAX_D   # loops over components unrolled at compile time
         arr2 = ti.types.ndarray(dtype=real, ndim=2)
         arr1 = ti.types.ndarray(dtype=real, ndim=1)
         arr3 = ti.types.ndarray(dtype=real, ndim=3)
