@@ -32,14 +32,6 @@ EXP_DEGREE = 7     # Taylor degree of e^y there: truncation below the squarings'
 # size; the fused path's limit too); above, runtime loops: unrolled at d = 384 (MiniLM) the
 # observables' combine, the reduction and each integrator kernel took 30-150 s each to compile.
 UNROLL_MAX_D = 64
-# Loops over the d components are unrolled at compile time up to this d (every path and test
-# size; the fused path's limit too); above, runtime loops: unrolled at d = 384 (MiniLM) the
-# observables' combine, the reduction and each integrator kernel took 30-150 s each to compile.
-UNROLL_MAX_D = 64
-# Loops over the d components are unrolled at compile time up to this d (every path and test
-# size; the fused path's limit too); above, runtime loops: unrolled at d = 384 (MiniLM) the
-# observables' combine, the reduction and each integrator kernel took 30-150 s each to compile.
-UNROLL_MAX_D = 64
 
 
 # -- the float32 exps ---------------------------------------------------------------------------
@@ -324,20 +316,6 @@ def token_observables(H: int, d: int, sphere: bool, zero, absolute, head_output,
     @ti.func
     def tok_slot(h, s):  # layout.tok_slot
         return 1 + h * SLOTS_PER_HEAD + s
-
-    @ti.func
-    def tangent_term(f: ti.template(), y: ti.template(), ah, b, h, i, e):  # |P f^h|^2's component e
-        pe = head_output(f, b, h, i, e)
-        if ti.static(sphere):
-            pe = pe - ah * point(y, b, i, e)
-        return pe * pe
-
-    @ti.func
-    def tangent_term(f: ti.template(), y: ti.template(), ah, b, h, i, e):  # |P f^h|^2's component e
-        pe = head_output(f, b, h, i, e)
-        if ti.static(sphere):
-            pe = pe - ah * point(y, b, i, e)
-        return pe * pe
 
     @ti.func
     def tangent_term(f: ti.template(), y: ti.template(), ah, b, h, i, e):  # |P f^h|^2's component e

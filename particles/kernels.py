@@ -70,8 +70,6 @@ class KernelSet:
         NEG_BIG = -3.0e38 if dtype == "float32" else -1.0e300
         n_slots = n_tok_slots(H)
         unrolled = d <= kernel_math.UNROLL_MAX_D   # loops over components unrolled at compile time
-        unrolled = d <= kernel_math.UNROLL_MAX_D   # loops over components unrolled at compile time
-        unrolled = d <= kernel_math.UNROLL_MAX_D   # loops over components unrolled at compile time
         arr2 = ti.types.ndarray(dtype=real, ndim=2)
         arr1 = ti.types.ndarray(dtype=real, ndim=1)
         arr3 = ti.types.ndarray(dtype=real, ndim=3)
