@@ -22,11 +22,11 @@ import taichi as ti
 
 from .errors import ParticlesUserError
 from .layout import SLOT_KINETIC
+from .observables import RADIUS_COLUMNS
 from .vocabulary import NORMALISATIONS
 
 # placements whose state leaves the sphere: the radius |x_i| is state and is logged
 RADIAL = ("pre", "peri")
-RADIUS_COLUMNS = ("radius_mean", "radius_min", "radius_max")
 _CODE = {"pre": 0, "peri": 1, "ngpt": 2}
 
 

@@ -23,6 +23,8 @@ GROUPS = {
     "entropy": ("entropy_mean", "entropy_min", "entropy_max"),
 }
 HEAD_QUANTITIES = GROUPS["energy"] + GROUPS["radial"] + GROUPS["entropy"]
+# pre/peri-LN (particles.normalisation): each token's radius |x_i| is state, logged after the rest
+RADIUS_COLUMNS = ("radius_mean", "radius_min", "radius_max")
 
 
 def columns(n_heads: int, entropy_rate: bool = False, clusters: bool = False,

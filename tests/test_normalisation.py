@@ -222,3 +222,22 @@ def test_a_peri_ln_run_resumes_bitwise(tmp_path):
     proc = particles_cli("resume", split, "--steps", 40, "--no-render", "--quiet")
     assert proc.returncode == 0, proc.stderr
     assert (split / "log.csv").read_bytes() == (whole / "log.csv").read_bytes()
+
+
+@pytest.mark.slow
+def test_a_sweep_records_the_radius_of_a_pre_ln_scene(tmp_path):
+    from cli_runner import particles_cli
+    sweep = tmp_path / "norm.toml"
+    sweep.write_text('name = "norm"\ndescription = "pre-LN"\n[tokens]\nn = 8\nd = 3\ninit = "random"\n'
+                     '[heads]\nkind = "scalar"\ncount = 1\n[dynamics]\nrule = "softmax"\ndt = 0.1\n'
+                     't_end = 1.0\nnormalisation = "pre"\n[axes]\n"tokens.seed" = {count = 2}\n'
+                     '[record]\ntimes = [1.0]\nobservables = ["eps", "radius_mean"]\n')
+    proc = particles_cli("sweep", sweep, "--out", tmp_path / "out", "--workers", 1)
+    assert proc.returncode == 0, proc.stderr
+    import csv
+    rows = list(csv.DictReader(open(tmp_path / "out" / "results.csv")))
+    assert len(rows) == 2 and all(float(r["radius_mean"]) > 1.2 for r in rows)   # grown from 1
+    post = sweep.read_text().replace('normalisation = "pre"', 'normalisation = "post"')
+    sweep.write_text(post)
+    proc = particles_cli("sweep", sweep, "--out", tmp_path / "post")
+    assert proc.returncode == 2 and "'radius_mean' is not a log column" in proc.stderr

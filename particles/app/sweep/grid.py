@@ -180,7 +180,7 @@ def expand_grid(axes, base_raw, base_dir, record, batch, problems):
         dyn = data["dynamics"]
         H = _n_heads(data)
         H_values.add(H)
-        all_valid.update(_valid_observables(H))
+        all_valid.update(_valid_observables(H, dyn.get("normalisation", "post") in ("pre", "peri")))
         steps, dt = int(dyn["steps"]), float(dyn["dt"])
         t_end = steps * dt
         times = record["times"] if record["times"] is not None else [t_end]
@@ -271,7 +271,8 @@ def _columns(axes, record) -> list[str]:
     return cols
 
 
-def _valid_observables(H: int) -> list[str]:
-    from particles.observables import columns
-    cols = columns(H, entropy_rate=True, clusters=False, ensemble=False)
+def _valid_observables(H: int, radius: bool = False) -> list[str]:
+    """``radius``: the placement keeps each token's radius as state (pre/peri-LN)."""
+    from particles.observables import RADIUS_COLUMNS, columns
+    cols = columns(H, entropy_rate=True, clusters=False, ensemble=False) + list(RADIUS_COLUMNS) * radius
     return [c for c in cols if c not in ("step", "time")]
