@@ -44,14 +44,14 @@ class Attention:
 
     def __post_init__(self):
         if not isinstance(self.mask, str) or self.mask not in MASKS:
-            raise ValueError(f"mask must be one of {MASKS}, got {self.mask!r}")
+            raise ParticlesUserError(f"mask must be one of {MASKS}, got {self.mask!r}")
         windowed = self.mask in ("window", "causal_window")
         if windowed and (not isinstance(self.window, numbers.Integral) or isinstance(self.window, bool)
                          or self.window < 0):
-            raise ValueError(f"mask {self.mask!r} needs a window, an integer >= 0 (got {self.window!r})")
+            raise ParticlesUserError(f"mask {self.mask!r} needs a window, an integer >= 0 (got {self.window!r})")
         if not windowed and self.window is not None:
-            raise ValueError(f"window is given but mask is {self.mask!r}; use mask 'window' or "
-                             "'causal_window'")
+            raise ParticlesUserError(f"window is given but mask is {self.mask!r}; use mask 'window' or "
+                                     "'causal_window'")
         if windowed:
             object.__setattr__(self, "window", int(self.window))
         object.__setattr__(self, "alibi", validation.non_negative("alibi (the ALiBi slope)", self.alibi))

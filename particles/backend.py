@@ -37,7 +37,7 @@ ICD_DIRS = ("/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d", "/usr/share/vu
 _active: dict[str, str] = {}
 
 
-from .errors import ArchError  # noqa: E402  (the requested arch cannot run here: the one family)
+from .errors import ArchError, ParticlesUserError  # noqa: E402  (the requested arch cannot run here: the one family)
 
 
 def _arch_name(arch) -> str:
@@ -163,7 +163,7 @@ def _probe_gpu(skip_software: bool) -> tuple[str | None, str, list[str]]:
 def init(arch: str = "cpu") -> str:
     """Initialise Taichi once; returns the arch that actually runs ('cpu', 'cuda', 'vulkan', ...)."""
     if arch not in ARCH_CHOICES:
-        raise ValueError(f"arch must be one of {ARCH_CHOICES}, got {arch!r}")
+        raise ParticlesUserError(f"arch must be one of {ARCH_CHOICES}, got {arch!r}")
     if _active:
         running = _active["arch"]
         if arch == "cpu" and running != "cpu" or arch == "gpu" and running == "cpu":

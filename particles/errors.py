@@ -3,8 +3,9 @@
 Every error raised on purpose is a ``ParticlesError``. A mistake in what the user passed or
 asked for (a value, a file, an arch, a run folder) is a ``ParticlesUserError``: a ValueError,
 so code that catches ValueError keeps working, and the one class the command line maps to an
-exit-2 paragraph. The classes below keep the second base their callers catch them by
-(TypeError, FloatingPointError, RuntimeError, OSError).
+exit-2 paragraph (any other exception reaching the command line, a bare ValueError included,
+is a bug: exit 1 with its traceback). The classes below keep the second base their callers
+catch them by (TypeError, FloatingPointError, RuntimeError, FileNotFoundError, OSError).
 """
 
 
@@ -46,9 +47,14 @@ class RunFileError(ParticlesUserError):
     """A run file that is missing or corrupt; the message names it."""
 
 
+class MissingFileError(ParticlesUserError, FileNotFoundError):
+    """A file or folder the user named (a run, a trajectory, a sweep, a rule file) is not
+    there; the message names it."""
+
+
 class SymlinkRefused(ParticlesUserError, OSError):
     """The target of a write is a symbolic link; nothing was written."""
 
 
 __all__ = ["ParticlesError", "ParticlesUserError", "ParticlesTypeError", "BlowUpError", "ArchError",
-           "RuleCompileError", "RuleFileError", "RunFileError", "SymlinkRefused"]
+           "RuleCompileError", "RuleFileError", "RunFileError", "MissingFileError", "SymlinkRefused"]

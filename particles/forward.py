@@ -19,6 +19,7 @@ import numpy as np
 from scipy.special import erf
 
 from .rotary import Rotary
+from .errors import ParticlesUserError
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
 
@@ -44,7 +45,7 @@ def activation(name: str, z: np.ndarray) -> np.ndarray:
         return np.maximum(z, 0.0)
     if name in ("silu", "swish"):
         return z / (1.0 + np.exp(-z))
-    raise ValueError(f"activation {name!r}: expected one of {', '.join(ACTIVATIONS)}")
+    raise ParticlesUserError(f"activation {name!r}: expected one of {', '.join(ACTIVATIONS)}")
 
 
 def _add(y, b):

@@ -117,7 +117,7 @@ class Head:
         if value_out is None and value_in is None:
             o, w = q.T.copy(), k.copy()
         elif value_out is None or value_in is None:
-            raise ValueError("give both value factors (value_out O: d x rv, value_in W: rv x d) or neither")
+            raise ParticlesUserError("give both value factors (value_out O: d x rv, value_in W: rv x d) or neither")
         else:
             w = _as_matrix("value factor W (value_in)", value_in, None, d)
             o = _as_matrix("value factor O (value_out)", value_out, d, w.shape[0])

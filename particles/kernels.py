@@ -21,6 +21,7 @@ from .layout import (RED_LSE, RED_MAX, RED_MIN, RED_SUM, SLOT_CROSS, SLOT_ENTROP
                      SLOT_RADIAL_PAIR, SLOT_ROW_ENERGY, SLOT_TANGENT, SLOTS_PER_HEAD, n_tok_slots,
                      tok_slot)
 from .rules import Rule
+from .errors import ParticlesUserError
 
 
 @dataclass(frozen=True)
@@ -479,7 +480,7 @@ class FastHeads:
         for a in (self.xt, self.xq, self.qc, self.kc, self.wt, self.uc, self.ot, self.qt, self.kt,
                   self.gt):
             if a.shape[0] >= (INDEX_MASK if a.element_type == real else ELEMENT_MASK):
-                raise ValueError(f"{R} x {n} tokens is beyond the fast path's 32-bit indexing")
+                raise ParticlesUserError(f"{R} x {n} tokens is beyond the fast path's 32-bit indexing")
         self.n, self.keep_qk = n, keep_qk
         self._ready = False
 

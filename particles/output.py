@@ -28,7 +28,7 @@ TRAJECTORY_SCHEMA = 1
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
-from .errors import RunFileError  # noqa: E402  (a missing or corrupt run file: the one family)
+from .errors import MissingFileError, RunFileError  # noqa: E402  (a missing or corrupt run file: the one family)
 
 
 
@@ -307,11 +307,11 @@ def load_trajectory(path: str | Path):
     if (folder / "trajectory").is_dir():
         folder = folder / "trajectory"
     if not (folder / "meta.json").is_file():
-        raise FileNotFoundError(f"no trajectory in {str(path)!r} (expected trajectory/meta.json)")
+        raise MissingFileError(f"no trajectory in {str(path)!r} (expected trajectory/meta.json)")
     meta = read_json(folder / "meta.json")
     chunks = trajectory_chunks(folder)
     if not chunks:
-        raise FileNotFoundError(f"trajectory in {str(folder)!r} has no chunks yet")
+        raise MissingFileError(f"trajectory in {str(folder)!r} has no chunks yet")
     parts = [read_chunk(chunk) for chunk in chunks]
     shapes = {p["tokens"].shape[1:] for p in parts}
     if len(shapes) > 1:

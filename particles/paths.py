@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .vocabulary import NORMALISATIONS
+from .errors import ParticlesUserError
 
 # Size limits of the fused path: loops over components and ranks are unrolled at compile
 # time (12 s at d = 64 uncached).
@@ -287,12 +288,12 @@ def choose(requested: str, needs: Needs) -> Plan:
 def choose_path(requested: str, needs: Needs) -> str:
     """The path's name alone (see ``choose``)."""
     if requested not in PATHS:
-        raise ValueError(f"path must be one of {PATHS}, got {requested!r}")
+        raise ParticlesUserError(f"path must be one of {PATHS}, got {requested!r}")
     if requested != "auto":
         missing = SPEC[requested].missing(needs)
         if missing:
-            raise ValueError(f"path {requested!r} cannot serve this simulation, which uses "
-                             f"{'; '.join(missing)}. Use path 'auto' (or 'tiled', which serves all)")
+            raise ParticlesUserError(f"path {requested!r} cannot serve this simulation, which uses "
+                                     f"{'; '.join(missing)}. Use path 'auto' (or 'tiled', which serves all)")
         return requested
     for spec in SPECS:
         if spec.name == "plain" or spec.missing(needs):

@@ -11,6 +11,7 @@ import numpy as np
 
 from . import display
 from .drive import AT_END, Every, Writer
+from .errors import ParticlesUserError
 
 _PER_HEAD = re.compile(r"^(.+)_h(\d+)$")
 
@@ -107,7 +108,7 @@ class Result(Mapping):
         shape = (len(steps), len(replicas)) if ensemble else (len(steps),)
         dims = ("step", "replica") if ensemble else ("step",)
         if int(np.prod(shape)) != len(self):
-            raise ValueError(f"Result.to_xarray: {len(self)} rows do not form a (step, replica) grid {shape}")
+            raise ParticlesUserError(f"Result.to_xarray: {len(self)} rows do not form a (step, replica) grid {shape}")
         heads: dict[str, dict[int, np.ndarray]] = {}
         variables = {}
         for name, values in self.data.items():
@@ -144,14 +145,14 @@ class Result(Mapping):
         columns = columns or tuple(c for c in ("eps", "energy", "clusters") if c in self.data
                                    and np.isfinite(self.data[c]).any())
         if not columns:
-            raise ValueError(f"Result.plot: name columns to draw; columns: {', '.join(self.data)}")
+            raise ParticlesUserError(f"Result.plot: name columns to draw; columns: {', '.join(self.data)}")
         panels = []
         for c in columns:
             names = [c] if c in self.data else sorted(
                 (k for k in self.data if (m := _PER_HEAD.match(k)) and m.group(1) == c),
                 key=lambda k: int(_PER_HEAD.match(k).group(2)))
             if not names:
-                raise ValueError(f"Result.plot: no column {c!r}; columns: {', '.join(self.data)}")
+                raise ParticlesUserError(f"Result.plot: no column {c!r}; columns: {', '.join(self.data)}")
             panels.append((c, names))
         if ax is None:
             import matplotlib.pyplot as plt
@@ -203,8 +204,8 @@ class Result(Mapping):
         """The film of ``trajectory`` (``sim.run(..., trajectory_every=k)``) with this log's
         panels, inline: ``Trajectory.animate(log=self, **options)``."""
         if self.trajectory is None:
-            raise ValueError("Result.animate: no tokens were kept; run with trajectory_every=k "
-                             "(sim.run(steps, every, trajectory_every=k))")
+            raise ParticlesUserError("Result.animate: no tokens were kept; run with trajectory_every=k "
+                                     "(sim.run(steps, every, trajectory_every=k))")
         return self.trajectory.animate(log=self, **options)
 
     def summary(self, title: str | None = None, replica: int = 0):

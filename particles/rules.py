@@ -95,8 +95,8 @@ def _kernel_arity(name: str, fn: Callable) -> int:
         return 1
     count = sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
     if count not in (1, 4):
-        raise ValueError(f"rule {name!r}: the kernel takes {count} arguments; write k(z) or the "
-                         "position-aware k(z, i, j, n) (i, j token indices, n tokens)")
+        raise ParticlesUserError(f"rule {name!r}: the kernel takes {count} arguments; write k(z) or the "
+                                 "position-aware k(z, i, j, n) (i, j token indices, n tokens)")
     return count
 
 
@@ -131,31 +131,31 @@ def register_rule(name: str, kernel: Callable, normalization: str = "softmax",
     potential: K with K' = k, used for the energy; without it energies are NaN.
     """
     if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"rule name must be an identifier-like string, got {name!r}")
+        raise ParticlesUserError(f"rule name must be an identifier-like string, got {name!r}")
     if name in BUILTIN_RULES:
-        raise ValueError(f"rule {name!r} is built in and cannot be replaced")
+        raise ParticlesUserError(f"rule {name!r} is built in and cannot be replaced")
     if name in _REGISTRY and not overwrite:
         if _same_definition(_REGISTRY[name], kernel, normalization, potential):
             return _REGISTRY[name]   # a notebook cell run again: keep the rule (and its kernels)
-        raise ValueError(f"rule {name!r} is already registered with another definition "
-                         "(pass overwrite=True to replace it)")
+        raise ParticlesUserError(f"rule {name!r} is already registered with another definition "
+                                 "(pass overwrite=True to replace it)")
     for role, fn in (("kernel", kernel), ("potential", potential)):
         if fn is None and role == "potential":
             continue
         if not callable(fn):
-            raise TypeError(f"rule {name!r}: {role} must be a function of the scaled score z")
+            raise ParticlesTypeError(f"rule {name!r}: {role} must be a function of the scaled score z")
         if getattr(fn, "__name__", "") == "<lambda>":
-            raise ValueError(f"rule {name!r}: the {role} is a lambda; Taichi compiles rules from their "
-                             "source, so write it as a `def` function")
+            raise ParticlesUserError(f"rule {name!r}: the {role} is a lambda; Taichi compiles rules from their "
+                                     "source, so write it as a `def` function")
     if normalization not in NORMALIZATIONS:
-        raise ValueError(f"rule {name!r}: normalization must be one of {NORMALIZATIONS}, "
-                         f"got {normalization!r}")
+        raise ParticlesUserError(f"rule {name!r}: normalization must be one of {NORMALIZATIONS}, "
+                                 f"got {normalization!r}")
     positional = _kernel_arity(name, kernel) == 4
     if positional and potential is not None:
-        raise ValueError(f"rule {name!r}: a position-aware kernel k(z, i, j, n) has no potential "
-                         "(the energy is undefined); register it without one")
+        raise ParticlesUserError(f"rule {name!r}: a position-aware kernel k(z, i, j, n) has no potential "
+                                 "(the energy is undefined); register it without one")
     if potential is not None and _kernel_arity(name, potential) != 1:
-        raise ValueError(f"rule {name!r}: the potential must be a function K(z) of the scaled score")
+        raise ParticlesUserError(f"rule {name!r}: the potential must be a function K(z) of the scaled score")
     source = getattr(getattr(kernel, "__code__", None), "co_filename", "user code")
     rule = Rule(name, kernel, normalization, potential, source=source, positional=positional)
     _REGISTRY[name] = rule
@@ -179,15 +179,15 @@ def get_rule(name: str) -> Rule:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown rule {name!r}; registered rules: {', '.join(sorted(_REGISTRY))}. "
-                         "A user rule must be registered first (scene key dynamics.rule_file)") from None
+        raise ParticlesUserError(f"unknown rule {name!r}; registered rules: {', '.join(sorted(_REGISTRY))}. "
+                                 "A user rule must be registered first (scene key dynamics.rule_file)") from None
 
 
 def registered_rules() -> dict[str, Rule]:
     return dict(_REGISTRY)
 
 
-from .errors import RuleFileError  # noqa: E402  (a rule file that cannot run: the one family)
+from .errors import MissingFileError, ParticlesTypeError, ParticlesUserError, RuleFileError  # noqa: E402  (a rule file that cannot run: the one family)
 
 
 def _forget(module_name: str, before: set) -> None:
@@ -211,7 +211,7 @@ def load_rule_file(path: str | Path) -> list[str]:
     """Execute a user's Python file that calls ``register_rule``; returns the names it added."""
     path = Path(path).resolve()
     if not path.is_file():
-        raise FileNotFoundError(f"rule file {str(path)!r} does not exist")
+        raise MissingFileError(f"rule file {str(path)!r} does not exist")
     if path in _LOADED_FILES:  # executing it again would re-register its rules
         return _LOADED_FILES[path]
     before = set(_REGISTRY)

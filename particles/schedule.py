@@ -54,14 +54,14 @@ class Schedule:
         object.__setattr__(self, "layers", layers)
         object.__setattr__(self, "starts", starts)
         if not layers:
-            raise ValueError("a schedule needs at least one layer")
+            raise ParticlesUserError("a schedule needs at least one layer")
         if len(starts) != len(layers):
-            raise ValueError(f"a schedule has {len(layers)} layers but {len(starts)} start steps")
+            raise ParticlesUserError(f"a schedule has {len(layers)} layers but {len(starts)} start steps")
         if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
-            raise ValueError(f"layer start steps must begin at 0 and increase strictly, got {list(starts)}")
+            raise ParticlesUserError(f"layer start steps must begin at 0 and increase strictly, got {list(starts)}")
         for idx, layer in enumerate(layers):
             if not isinstance(layer, Layer):
-                raise TypeError(f"schedule layer {idx} must be a particles.Layer, got {type(layer).__name__}")
+                raise ParticlesTypeError(f"schedule layer {idx} must be a particles.Layer, got {type(layer).__name__}")
 
     @classmethod
     def every(cls, layers: Sequence[Layer], steps: int) -> "Schedule":

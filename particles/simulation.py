@@ -39,10 +39,10 @@ def _as_heads(heads, d: int) -> list[Head]:
         else:
             head = Head.from_matrices(h)
         if head.dim != d:
-            raise ValueError(f"head {idx} acts on dimension {head.dim}, tokens have d = {d}")
+            raise ParticlesUserError(f"head {idx} acts on dimension {head.dim}, tokens have d = {d}")
         out.append(head)
     if not out:
-        raise ValueError("at least one head is needed")
+        raise ParticlesUserError("at least one head is needed")
     return out
 
 
@@ -170,7 +170,7 @@ class Simulation:
         self.rule = rule if isinstance(rule, Rule) else get_rule(rule)
         if isinstance(heads, Schedule):
             if attention is not None:
-                raise ValueError("with a Schedule, give each Layer its own attention")
+                raise ParticlesUserError("with a Schedule, give each Layer its own attention")
             schedule = heads
         else:
             schedule = Schedule((Layer(heads, None, attention),), (0,))
@@ -184,8 +184,8 @@ class Simulation:
             layers.append((layer_heads, attention_mod.resolve(layer.attention, len(layer_heads),
                                                               layer_rule)))
             if len(layer_heads) != len(layers[0][0]):
-                raise ValueError(f"layer {idx} has {len(layer_heads)} heads, layer 0 has "
-                                 f"{len(layers[0][0])}: every layer needs the same number of heads")
+                raise ParticlesUserError(f"layer {idx} has {len(layer_heads)} heads, layer 0 has "
+                                         f"{len(layers[0][0])}: every layer needs the same number of heads")
         self.layer_attention = tuple(att for _, att in layers)
         for idx, (hs, att) in enumerate(layers):
             _check_layer_in_dtype(f"layer {idx} " if self.scheduled else "", hs, att, dtype)
@@ -199,9 +199,9 @@ class Simulation:
         layer_terms = [head_terms.has_terms(hs, att) for hs, att in layers]  # biases, rotary
         self.entropy_rate_enabled = bool(entropy_rate) and self.rule.exponential
         if self.entropy_rate_enabled and (not self.plain or any(layer_terms)):
-            raise ValueError("the entropy rate (Theorem 27) is computed for one layer of unmasked, "
-                             "unbiased heads with the run's rule and beta; switch it off for masks, "
-                             "biases, per-head rules or betas and schedules")
+            raise ParticlesUserError("the entropy rate (Theorem 27) is computed for one layer of unmasked, "
+                                     "unbiased heads with the run's rule and beta; switch it off for masks, "
+                                     "biases, per-head rules or betas and schedules")
         if self.entropy_rate_enabled and self.normalisation != "post":
             raise ParticlesUserError(f"the entropy rate (Theorem 27) is the sphere's (normalisation "
                                      f"'post'); switch it off for normalisation {self.normalisation!r}")

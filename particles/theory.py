@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from .errors import ParticlesUserError
+
 _trapezoid = getattr(np, "trapezoid", None) or getattr(np, "trapz")   # NumPy 2 renamed trapz
 
 
@@ -25,7 +27,7 @@ def beta_star(H: int, n: int, alpha: float = 1.0) -> float:
     +inf for H = 1: one head has no radial coupling, so Condition 8 holds at every beta.
     """
     if n < 2 or not alpha > 0:
-        raise ValueError(f"beta* needs n >= 2 and alpha > 0, got n = {n}, alpha = {alpha}")
+        raise ParticlesUserError(f"beta* needs n >= 2 and alpha > 0, got n = {n}, alpha = {alpha}")
     c = c_star(H)
     if c >= 1.0:
         return math.inf
@@ -79,7 +81,7 @@ def equiangular_rhs(gamma, strengths, beta: float, n: int, rule: str = "softmax"
     elif rule == "exp":
         kappa = np.sum(lam * np.exp(beta * lam * g), axis=0) / n
     else:
-        raise ValueError("the equiangular ODE is known for rules 'softmax' and 'exp'")
+        raise ParticlesUserError("the equiangular ODE is known for rules 'softmax' and 'exp'")
     return 2.0 * kappa * (1.0 - g) * (1.0 + (n - 1.0) * g)
 
 
@@ -170,7 +172,7 @@ def _equiangular_pull(gamma: float, strengths, beta: float, n: int, rule: str):
     elif rule == "exp":
         other, own = np.exp(beta * lam * gamma) / n, np.exp(beta * lam) / n
     else:
-        raise ValueError("the equiangular ODE is known for rules 'softmax' and 'exp'")
+        raise ParticlesUserError("the equiangular ODE is known for rules 'softmax' and 'exp'")
     c, e = float(np.sum(lam * own)), float(np.sum(lam * other))   # A_i = c theta_i + e sum_{j!=i} theta_j
     radial = c + e * (n - 1.0) * gamma
     norm = math.sqrt(max(c * c + 2 * c * e * (n - 1.0) * gamma + e * e * (n - 1.0) * (1.0 + (n - 2.0) * gamma), 0.0))
@@ -190,7 +192,7 @@ def equiangular_placement_rhs(gamma: float, radius: float, strengths, beta: floa
         return rate / (radius * norm), radial / norm
     if placement == "ngpt":
         return alpha * rate / norm, 0.0
-    raise ValueError(f"unknown placement {placement!r}")
+    raise ParticlesUserError(f"unknown placement {placement!r}")
 
 
 def equiangular_placement_curve(gamma0: float, lambdas, beta: float, n: int, times, rule: str = "softmax",

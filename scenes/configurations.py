@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from particles.pretrained import text_tokens
+from particles.errors import ParticlesUserError
 
 __all__ = [
     "random", "equiangular", "check_equiangular", "equiangular_min_dim", "equiangular_range",
@@ -33,7 +34,7 @@ def seeded_rng(seed, stream: int | None = None) -> np.random.Generator:
     """The generator of ``seed`` (every random choice of the scenes comes from one); ``stream``
     gives an independent generator of the same seed (the noise, the values)."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+        raise ParticlesUserError(f"seed must be an integer >= 0, got {seed!r}")
     if stream is None:
         return np.random.default_rng(int(seed))
     return np.random.default_rng([int(seed), stream])
@@ -41,7 +42,7 @@ def seeded_rng(seed, stream: int | None = None) -> np.random.Generator:
 
 def _check_size(name: str, value, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise ParticlesUserError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
 
@@ -49,15 +50,15 @@ def _normalise_rows(x: np.ndarray, what: str = "configuration") -> np.ndarray:
     norms = np.linalg.norm(x, axis=-1, keepdims=True)
     if np.any(norms == 0) or not np.all(np.isfinite(norms)):
         bad = np.argwhere((norms[..., 0] == 0) | ~np.isfinite(norms[..., 0]))
-        raise ValueError(f"{what}: row {tuple(int(i) for i in bad[0])} is zero or not finite; "
-                         "it cannot be projected onto the sphere")
+        raise ParticlesUserError(f"{what}: row {tuple(int(i) for i in bad[0])} is zero or not finite; "
+                                 "it cannot be projected onto the sphere")
     return x / norms
 
 
 def random_frame(d: int, k: int, rng: np.random.Generator) -> np.ndarray:
     """A uniformly random d x k matrix with orthonormal columns (k <= d)."""
     if k > d:
-        raise ValueError(f"cannot have {k} orthonormal vectors in dimension {d}")
+        raise ParticlesUserError(f"cannot have {k} orthonormal vectors in dimension {d}")
     if k == 0:
         return np.zeros((d, 0))
     q, r = np.linalg.qr(rng.standard_normal((d, k)))
@@ -84,9 +85,9 @@ def equiangular_range(n: int) -> tuple[float, float]:
 def _equiangular_rank(n: int, gamma: float) -> int:
     lo, hi = equiangular_range(n)
     if not (math.isfinite(gamma) and lo - _BOUNDARY_TOL <= gamma <= hi + _BOUNDARY_TOL):
-        raise ValueError(
-            f"equiangular gamma must lie in [-1/(n-1), 1] = [{lo:.6g}, 1] for n = {n}, "
-            f"got {gamma!r}")
+        raise ParticlesUserError(
+                    f"equiangular gamma must lie in [-1/(n-1), 1] = [{lo:.6g}, 1] for n = {n}, "
+                    f"got {gamma!r}")
     if abs(gamma - hi) <= _BOUNDARY_TOL:
         return 1
     if abs(gamma - lo) <= _BOUNDARY_TOL:
@@ -132,8 +133,8 @@ def check_equiangular(n: int, d: int, gamma: float) -> tuple[int, int, float]:
     gamma = float(gamma)
     need = equiangular_min_dim(n, gamma)
     if d < need:
-        raise ValueError(f"equiangular configuration of n = {n} tokens with gamma = {gamma:g} "
-                         f"needs d >= {need} (minimum d = {need}), got d = {d}")
+        raise ParticlesUserError(f"equiangular configuration of n = {n} tokens with gamma = {gamma:g} "
+                                 f"needs d >= {need} (minimum d = {need}), got d = {d}")
     return n, d, gamma
 
 
@@ -155,8 +156,8 @@ def orthogonal(n: int, d: int, seed: int = 0) -> np.ndarray:
     n = _check_size("n", n, 1)
     d = _check_size("d", d, 1)
     if n > d:
-        raise ValueError(f"orthogonal configuration needs n <= d (at most d orthonormal vectors), "
-                         f"got n = {n} > d = {d}")
+        raise ParticlesUserError(f"orthogonal configuration needs n <= d (at most d orthonormal vectors), "
+                                 f"got n = {n} > d = {d}")
     return np.ascontiguousarray(random_frame(d, n, seeded_rng(seed)).T)
 
 
@@ -174,16 +175,16 @@ def clusters(n: int, d: int, k: int = 3, spread: float = 0.1, seed: int = 0,
     k = _check_size("clusters k", k, 1)
     spread = float(spread)
     if not (math.isfinite(spread) and spread >= 0):
-        raise ValueError(f"spread must be a finite number >= 0 (radians), got {spread!r}")
+        raise ParticlesUserError(f"spread must be a finite number >= 0 (radians), got {spread!r}")
     if k > n:
-        raise ValueError(f"cannot make k = {k} clusters from n = {n} tokens (need k <= n)")
+        raise ParticlesUserError(f"cannot make k = {k} clusters from n = {n} tokens (need k <= n)")
     rng = seeded_rng(seed)
     if centers is None:
         c = _normalise_rows(rng.standard_normal((k, d)), "cluster centres")
     else:
         c = np.asarray(centers, dtype=np.float64)
         if c.shape != (k, d):
-            raise ValueError(f"centers must have shape (k, d) = ({k}, {d}), got {c.shape}")
+            raise ParticlesUserError(f"centers must have shape (k, d) = ({k}, {d}), got {c.shape}")
         c = _normalise_rows(c, "cluster centres")
     base = c[np.arange(n) % k]
     t = spread * rng.standard_normal((n, d))
@@ -203,7 +204,7 @@ def from_file(path, n: int | None = None, d: int | None = None) -> np.ndarray:
     """
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"token file '{p}' not found")
+        raise ParticlesUserError(f"token file '{p}' not found")
     suffix = p.suffix.lower()
     try:
         if suffix == ".npy":
@@ -211,32 +212,32 @@ def from_file(path, n: int | None = None, d: int | None = None) -> np.ndarray:
         elif suffix == ".npz":
             with np.load(p, allow_pickle=False) as z:
                 if not z.files:
-                    raise ValueError(f"token file '{p}' holds no arrays")
+                    raise ParticlesUserError(f"token file '{p}' holds no arrays")
                 a = z["tokens"] if "tokens" in z.files else z[z.files[0]]
         elif suffix == ".csv":
             a = np.loadtxt(p, delimiter=",", dtype=np.float64, ndmin=2)
         else:
-            raise ValueError(f"token file '{p}': unsupported extension '{p.suffix}' "
-                             "(expected .npy, .npz or .csv)")
+            raise ParticlesUserError(f"token file '{p}': unsupported extension '{p.suffix}' "
+                                     "(expected .npy, .npz or .csv)")
         a = np.asarray(a, dtype=np.float64)
     except ValueError as exc:
         if str(exc).startswith("token file"):
             raise
-        raise ValueError(f"token file '{p}' could not be read as numbers: {exc}") from None
+        raise ParticlesUserError(f"token file '{p}' could not be read as numbers: {exc}") from None
     except OSError as exc:
-        raise ValueError(f"token file '{p}' could not be read: {exc}") from None
+        raise ParticlesUserError(f"token file '{p}' could not be read: {exc}") from None
     want = f"({n if n is not None else 'n'}, {d if d is not None else 'd'})"
     if a.ndim != 2:
-        raise ValueError(f"token file '{p}': expected a 2-D array of shape {want}, "
-                         f"found shape {a.shape}")
+        raise ParticlesUserError(f"token file '{p}': expected a 2-D array of shape {want}, "
+                                 f"found shape {a.shape}")
     if (n is not None and a.shape[0] != n) or (d is not None and a.shape[1] != d):
-        raise ValueError(f"token file '{p}': expected shape {want}, found shape {a.shape}")
+        raise ParticlesUserError(f"token file '{p}': expected shape {want}, found shape {a.shape}")
     if not np.all(np.isfinite(a)):
-        raise ValueError(f"token file '{p}' contains NaN or Inf")
+        raise ParticlesUserError(f"token file '{p}' contains NaN or Inf")
     norms = np.linalg.norm(a, axis=1)
     if np.any(norms == 0):
-        raise ValueError(f"token file '{p}': row {int(np.argmin(norms))} is zero and cannot be "
-                         "projected onto the sphere")
+        raise ParticlesUserError(f"token file '{p}': row {int(np.argmin(norms))} is zero and cannot be "
+                                 "projected onto the sphere")
     return a / norms[:, None]
 
 
@@ -250,7 +251,7 @@ def perturb(x, noise: float, seed: int = 0) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     noise = float(noise)
     if not (math.isfinite(noise) and noise >= 0):
-        raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
+        raise ParticlesUserError(f"noise must be a finite number >= 0, got {noise!r}")
     if noise == 0:
         return _normalise_rows(x.copy())
     return _normalise_rows(x + noise * seeded_rng(seed, stream=1).standard_normal(x.shape),

@@ -22,6 +22,7 @@ import math
 import numpy as np
 
 from particles.heads import Head
+from particles.errors import ParticlesUserError
 from particles.pretrained import load_heads
 
 from .configurations import equiangular_coordinates, seeded_rng, random_frame
@@ -37,14 +38,14 @@ VALUE_MODES = ("aligned", "identity")
 
 def _check_dim(d) -> int:
     if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
-        raise ValueError(f"d must be an integer >= 1, got {d!r}")
+        raise ParticlesUserError(f"d must be an integer >= 1, got {d!r}")
     return int(d)
 
 
 def _finite(name: str, x) -> float:
     x = float(x)
     if not math.isfinite(x):
-        raise ValueError(f"{name} must be finite, got {x!r}")
+        raise ParticlesUserError(f"{name} must be finite, got {x!r}")
     return x
 
 
@@ -63,10 +64,10 @@ def with_value(head: Head, value: str = "aligned", value_noise: float = 0.0, see
     value noise. Aligned heads without noise are returned unchanged (factored).
     """
     if value not in VALUE_MODES:
-        raise ValueError(f"value must be one of {', '.join(VALUE_MODES)}, got {value!r}")
+        raise ParticlesUserError(f"value must be one of {', '.join(VALUE_MODES)}, got {value!r}")
     value_noise = _finite("value_noise", value_noise)
     if value_noise < 0:
-        raise ValueError(f"value_noise must be >= 0, got {value_noise!r}")
+        raise ParticlesUserError(f"value_noise must be >= 0, got {value_noise!r}")
     if value == "aligned" and value_noise == 0:
         return head
     d = head.dim
@@ -95,13 +96,13 @@ def subspace_basis(d: int, block=None, basis=None) -> np.ndarray:
     """
     d = _check_dim(d)
     if (block is None) == (basis is None):
-        raise ValueError("give exactly one of block = [start, stop] or basis = [[...], ...]")
+        raise ParticlesUserError("give exactly one of block = [start, stop] or basis = [[...], ...]")
     if block is not None:
         if len(block) != 2:
-            raise ValueError(f"block must be [start, stop], got {list(block)!r}")
+            raise ParticlesUserError(f"block must be [start, stop], got {list(block)!r}")
         start, stop = (int(b) for b in block)
         if not 0 <= start < stop <= d:
-            raise ValueError(f"block [{start}, {stop}) must satisfy 0 <= start < stop <= d = {d}")
+            raise ParticlesUserError(f"block [{start}, {stop}) must satisfy 0 <= start < stop <= d = {d}")
         basis = np.zeros((d, stop - start))
         basis[np.arange(start, stop), np.arange(stop - start)] = 1.0
         return basis
@@ -109,18 +110,18 @@ def subspace_basis(d: int, block=None, basis=None) -> np.ndarray:
     if b.ndim == 1:
         b = b[None, :]
     if b.ndim != 2 or b.shape[1] != d:
-        raise ValueError(f"basis must be a list of vectors of length d = {d} (shape (k, {d})), "
-                         f"got shape {b.shape}")
+        raise ParticlesUserError(f"basis must be a list of vectors of length d = {d} (shape (k, {d})), "
+                                 f"got shape {b.shape}")
     if not np.all(np.isfinite(b)):
-        raise ValueError("basis contains NaN or Inf")
+        raise ParticlesUserError("basis contains NaN or Inf")
     if b.shape[0] > d:
-        raise ValueError(f"basis has {b.shape[0]} vectors, more than d = {d}")
+        raise ParticlesUserError(f"basis has {b.shape[0]} vectors, more than d = {d}")
     q, r = np.linalg.qr(b.T)
     diag = np.abs(np.diag(r))
     scale = max(float(np.max(np.linalg.norm(b, axis=1))), 1e-300)
     if diag.size == 0 or np.min(diag) <= 1e-10 * scale:
-        raise ValueError(f"basis vectors are linearly dependent (or zero); "
-                         f"need {b.shape[0]} independent vectors")
+        raise ParticlesUserError(f"basis vectors are linearly dependent (or zero); "
+                                 f"need {b.shape[0]} independent vectors")
     return q * np.sign(np.diag(r))
 
 
@@ -134,11 +135,11 @@ def check_subspaces(d: int, count: int, rank: int, start: int = 0) -> None:
     """Raise ValueError (naming the minimum d) unless ``subspaces`` fits in d dimensions."""
     d = _check_dim(d)
     if rank < 1:
-        raise ValueError(f"rank must be >= 1, got {rank}")
+        raise ParticlesUserError(f"rank must be >= 1, got {rank}")
     stop = start + count * rank
     if start < 0 or stop > d:
-        raise ValueError(f"{count} subspace heads of rank {rank} starting at coordinate {start} "
-                         f"need d >= {stop} (minimum d = {stop}), got d = {d}")
+        raise ParticlesUserError(f"{count} subspace heads of rank {rank} starting at coordinate {start} "
+                                 f"need d >= {stop} (minimum d = {stop}), got d = {d}")
 
 
 def subspaces(d: int, strengths, rank: int, start: int = 0) -> list[Head]:
@@ -163,16 +164,16 @@ def check_near_orthogonal(count: int, d: int, rank: int, angle_deg: float) -> No
     """Raise ValueError (naming the minimum d) unless ``near_orthogonal`` can run."""
     d = _check_dim(d)
     if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 2:
-        raise ValueError(f"near_orthogonal needs count >= 2 heads, got {count!r}")
+        raise ParticlesUserError(f"near_orthogonal needs count >= 2 heads, got {count!r}")
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 1:
-        raise ValueError(f"rank must be an integer >= 1, got {rank!r}")
+        raise ParticlesUserError(f"rank must be an integer >= 1, got {rank!r}")
     angle_deg = _finite("angle", angle_deg)
     if not 0 < angle_deg <= 90:
-        raise ValueError(f"angle must lie in (0, 90] degrees, got {angle_deg:g}")
+        raise ParticlesUserError(f"angle must lie in (0, 90] degrees, got {angle_deg:g}")
     need = near_orthogonal_min_dim(count, rank, angle_deg)
     if d < need:
-        raise ValueError(f"near_orthogonal with count = {count} heads of rank {rank} needs "
-                         f"d >= count * rank = {need} (minimum d = {need}), got d = {d}")
+        raise ParticlesUserError(f"near_orthogonal with count = {count} heads of rank {rank} needs "
+                                 f"d >= count * rank = {need} (minimum d = {need}), got d = {d}")
 
 
 def near_orthogonal_bases(count: int, d: int, rank: int = 1, angle_deg: float = 75.0,
@@ -202,7 +203,7 @@ def near_orthogonal(count: int, d: int, rank: int = 1, angle_deg: float = 75.0, 
     bases = near_orthogonal_bases(count, d, rank, angle_deg, seed)
     strengths = [strength] * count if np.ndim(strength) == 0 else list(strength)
     if len(strengths) != count:
-        raise ValueError(f"need {count} strengths, got {len(strengths)}")
+        raise ParticlesUserError(f"need {count} strengths, got {len(strengths)}")
     return [_projector_head(b, _finite("strength", s)) for b, s in zip(bases, strengths)]
 
 
@@ -220,7 +221,7 @@ def random(d: int, rank: int | None = None, seed: int = 0, strength: float = 1.0
     d = _check_dim(d)
     rank = d if rank is None else int(rank)
     if rank < 1:
-        raise ValueError(f"rank must be >= 1, got {rank}")
+        raise ParticlesUserError(f"rank must be >= 1, got {rank}")
     rng = seeded_rng(seed)
     q = rng.standard_normal((rank, d)) / math.sqrt(d)
     k = rng.standard_normal((rank, d)) / math.sqrt(d)

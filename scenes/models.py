@@ -16,6 +16,8 @@ import copy
 import warnings
 from dataclasses import dataclass, fields, make_dataclass
 
+from particles.errors import ParticlesTypeError
+
 from . import schema
 from .builders import build_heads, build_tokens
 
@@ -40,7 +42,7 @@ def freeze(v):
 
 
 def _refuse(self, *args, **kwargs):
-    raise TypeError(FROZEN_MESSAGE)
+    raise ParticlesTypeError(FROZEN_MESSAGE)
 
 
 class FrozenDict(dict):

@@ -21,6 +21,7 @@ import numpy as np
 import tomli_w
 
 from particles.atomic import atomic_write_text
+from particles.errors import ParticlesUserError
 from particles.heads import Head
 
 from . import models, schema
@@ -240,19 +241,19 @@ def _plain(v):
 def parse_override(text: str):
     """'section.key=value' -> (['section', 'key'], value); value parsed as TOML, else a string."""
     if not isinstance(text, str) or "=" not in text:
-        raise ValueError(f"override {text!r}: expected 'section.key=value'")
+        raise ParticlesUserError(f"override {text!r}: expected 'section.key=value'")
     key, value = text.split("=", 1)
     parts = [p.strip() for p in key.strip().split(".")]
     if not key.strip() or any(not p for p in parts):
-        raise ValueError(f"override {text!r}: expected 'section.key=value' with a non-empty "
-                         "dotted key")
+        raise ParticlesUserError(f"override {text!r}: expected 'section.key=value' with a non-empty "
+                                 "dotted key")
     value = value.strip()
     try:
         parsed = tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
         parsed = value
     except RecursionError:
-        raise ValueError(f"override {text!r}: the value is nested too deeply") from None
+        raise ParticlesUserError(f"override {text!r}: the value is nested too deeply") from None
     return parts, parsed
 
 
@@ -270,7 +271,7 @@ def apply_overrides(raw: dict, overrides, source: str = "<dict>") -> dict:
             for i, part in enumerate(parts[:-1]):
                 node = _descend(node, part, parts[:i + 1], text)
             _assign(node, parts[-1], value, parts, text)
-        except ValueError as exc:
+        except ParticlesUserError as exc:
             problems.append(str(exc))
     if problems:
         raise SceneError(source, problems)
@@ -282,11 +283,11 @@ def _descend(node, part, where, text):
         idx = _index(node, part, where, text)
         return node[idx]
     if not isinstance(node, dict):
-        raise ValueError(f"override {text!r}: '{'.'.join(where[:-1])}' is not a table")
+        raise ParticlesUserError(f"override {text!r}: '{'.'.join(where[:-1])}' is not a table")
     if part not in node:
         node[part] = {}
     if not isinstance(node[part], (dict, list)):
-        raise ValueError(f"override {text!r}: '{'.'.join(where)}' is a value, not a table")
+        raise ParticlesUserError(f"override {text!r}: '{'.'.join(where)}' is a value, not a table")
     return node[part]
 
 
@@ -296,17 +297,17 @@ def _assign(node, part, value, where, text):
     elif isinstance(node, dict):
         node[part] = value
     else:
-        raise ValueError(f"override {text!r}: '{'.'.join(where[:-1])}' is not a table")
+        raise ParticlesUserError(f"override {text!r}: '{'.'.join(where[:-1])}' is not a table")
 
 
 def _index(node: list, part: str, where, text) -> int:
     try:
         idx = int(part)
     except ValueError:
-        raise ValueError(f"override {text!r}: '{'.'.join(where[:-1])}' is a list; index it with "
-                         f"a number (0..{len(node) - 1}), got '{part}'") from None
+        raise ParticlesUserError(f"override {text!r}: '{'.'.join(where[:-1])}' is a list; index it with "
+                                 f"a number (0..{len(node) - 1}), got '{part}'") from None
     if not 0 <= idx < len(node):
-        raise ValueError(f"override {text!r}: index {idx} out of range 0..{len(node) - 1}")
+        raise ParticlesUserError(f"override {text!r}: index {idx} out of range 0..{len(node) - 1}")
     return idx
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from particles.integrators import INTEGRATORS, Adaptive
 from particles import validation
+from particles.errors import ParticlesUserError
 from particles.vocabulary import ARCHES, BUILTIN_RULES, DTYPES, GEOMETRIES, MASKS, NORMALISATIONS
 
 from . import configurations, head_builders, pretrained_keys
@@ -158,10 +159,10 @@ def _path_value(sec: _Section, key: str, base_dir: Path, suffixes=None, required
 
 
 def _catch(sec: _Section, key: str, fn, *args, **kwargs):
-    """Run a builder; turn its ValueError into a problem of ``key``."""
+    """Run a builder; turn its refusal (a ParticlesUserError) into a problem of ``key``."""
     try:
         return fn(*args, **kwargs)
-    except ValueError as exc:
+    except ParticlesUserError as exc:
         sec.problem(key, str(exc))
         return MISSING
 

@@ -40,6 +40,30 @@ def test_user_error_exits_2_with_message_and_no_traceback(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("error, code", [(ValueError("an internal slip"), 1),
+                                          (FileNotFoundError("an internal slip"), 1),
+                                          (KeyError("an internal slip"), 1)])
+def test_an_internal_error_inside_a_command_is_a_bug_not_the_user_s(monkeypatch, error, code):
+    """Only the ParticlesUserError family is the user's (exit 2, one paragraph); a bare
+    ValueError (or any other) raised inside a command is a bug: exit 1 with the traceback."""
+    from particles.app import cli
+    from particles.errors import ParticlesUserError
+
+    def fail(*args, **kwargs):
+        raise error
+    monkeypatch.setattr(cli, "_load", fail)
+    proc = particles_cli("show", "quickstart")
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" in proc.stderr and "an internal slip" in proc.stderr
+    assert "internal error: this is a bug in particles" in proc.stderr
+
+    def refuse(*args, **kwargs):
+        raise ParticlesUserError("a user's slip")
+    monkeypatch.setattr(cli, "_load", refuse)
+    proc = particles_cli("show", "quickstart")
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: a user's slip", proc.stderr
+
+
 def test_scenes_show_new(tmp_path):
     proc = particles_cli("scenes")
     assert proc.returncode == 0 and "quickstart" in proc.stdout

@@ -58,8 +58,9 @@ class UserError(ParticlesUserError):
 
 def _user_errors():
     # the package's user errors are one family (particles/errors.py: scenes, sweeps, rules,
-    # arches, run files and folders, blow-ups all derive from ParticlesUserError)
-    return (ParticlesUserError, FileNotFoundError)
+    # arches, run files and folders, blow-ups all derive from ParticlesUserError); any other
+    # exception, a bare ValueError included, is a bug
+    return (ParticlesUserError,)
 
 
 def _load(scene_arg: str, overrides, steps=None, arch=None, dtype=None):
@@ -238,10 +239,7 @@ def cmd_sweep(args) -> int:
 
 def cmd_reproduce(args) -> int:
     from particles.app.reproduce import main as reproduce
-    try:
-        reproduce(quick=args.quick, out_dir=Path(args.out), compare=args.compare)   # prints the path
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+    reproduce(quick=args.quick, out_dir=Path(args.out), compare=args.compare)   # prints the path
     return 0
 
 
@@ -250,10 +248,7 @@ def cmd_plot(args) -> int:
     runs = [Path(p) for p in args.run_dir]
     if len(runs) == 1 and is_sweep_dir(runs[0]):
         from particles.app.sweep.plots import plot_sweep
-        try:
-            paths = plot_sweep(runs[0])
-        except ValueError as err:
-            raise UserError(str(err)) from None
+        paths = plot_sweep(runs[0])
     else:
         sweeps = [str(p) for p in runs if is_sweep_dir(p)]
         if sweeps:
@@ -462,7 +457,7 @@ def _main(argv, signals) -> int:
         if is_machine_fault(err):
             print(f"error: {_paragraph(describe_os_error(err))}", file=sys.stderr)
             return 2
-        if isinstance(err, user_errors) or _is_user_value_error(err):
+        if isinstance(err, user_errors):
             message = str(err).strip() or type(err).__name__
             if "\n" not in message:
                 message = _paragraph(message)
@@ -496,11 +491,6 @@ def _import_deferring_signals(command: str):
     if interrupts.requested():
         raise KeyboardInterrupt
     return errors
-
-
-def _is_user_value_error(err: Exception) -> bool:
-    """Bare ValueErrors, still raised for user input by modules not yet on the family."""
-    return type(err) is ValueError
 
 
 if __name__ == "__main__":

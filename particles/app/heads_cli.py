@@ -155,7 +155,7 @@ def cmd_heads(args) -> int:
         rows, notes, ck = table(args.model, args.layer, args.text, args.beta,
                                 args.fold_layernorm, args.rotary, args.biases)
     except P.PretrainedError as exc:
-        raise ValueError(str(exc)) from None   # a user error: exit 2, one paragraph
+        raise exc from None   # a ParticlesUserError: exit 2, one paragraph
     out = Path(args.out) if args.out else Path(f"heads-{Path(str(args.model)).name}")
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, out / "heads.csv")

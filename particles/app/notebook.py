@@ -18,6 +18,7 @@ from render.config import RenderConfig, RunInfo
 from render.figures import summary_figure as draw_summary
 
 from particles.clusters import cluster_labels
+from particles.errors import ParticlesUserError
 
 from .figures import references
 
@@ -46,8 +47,8 @@ def _replica_rows(log, replica: int) -> dict:
     if "replica" in columns:
         keep = columns["replica"] == replica
         if not keep.any():
-            raise ValueError(f"replica {replica} is not in the log (replicas "
-                             f"{sorted(set(columns['replica'].tolist()))})")
+            raise ParticlesUserError(f"replica {replica} is not in the log (replicas "
+                                     f"{sorted(set(columns['replica'].tolist()))})")
         columns = {k: v[keep] for k, v in columns.items() if k != "replica"}
     return columns
 
@@ -87,7 +88,7 @@ def _frames(trajectory, replica: int, max_frames: int):
     if x.ndim == 4:
         x = x[:, replica]
     if x.ndim != 3 or len(x) == 0:
-        raise ValueError(f"no frames to draw (tokens of shape {np.shape(trajectory.tokens)})")
+        raise ParticlesUserError(f"no frames to draw (tokens of shape {np.shape(trajectory.tokens)})")
     pick = np.unique(np.linspace(0, len(x) - 1, min(len(x), max_frames)).round().astype(int))
     return x[pick], np.asarray(trajectory.times, dtype=np.float64)[pick]
 
@@ -104,8 +105,8 @@ def _config(x: np.ndarray, geometry: str, **render) -> RenderConfig:
     """The notebook's film settings: clusters coloured, the panels the log has; ``render``
     overrides any of them (radial and entropy colours need the heads: not from memory)."""
     if render.get("color_by") in ("radial", "entropy"):
-        raise ValueError(f"color_by={render['color_by']!r} needs the heads' per-token values, which a "
-                         "Trajectory does not hold; use 'index' or 'cluster' here (or particles render RUN)")
+        raise ParticlesUserError(f"color_by={render['color_by']!r} needs the heads' per-token values, which a "
+                                 "Trajectory does not hold; use 'index' or 'cluster' here (or particles render RUN)")
     settings = dict(color_by="cluster" if geometry == "sphere" else "index",
                     width=NOTEBOOK_SIZE[0], height=NOTEBOOK_SIZE[1], dpi=80)
     settings.update(render)
@@ -168,7 +169,7 @@ def write_html(trajectory, path, log=None, replica: int = 0, max_frames: int = 2
     from particles.atomic import atomic_write_text
     path = Path(path)
     if path.suffix.lower() not in (".html", ".htm"):
-        raise ValueError(f"Trajectory.to_html: {str(path)!r} must end in .html")
+        raise ParticlesUserError(f"Trajectory.to_html: {str(path)!r} must end in .html")
     atomic_write_text(path, page_html(trajectory, log, replica=replica, max_frames=max_frames, **render))
     return path
 
@@ -187,7 +188,7 @@ def run_html(run_dir, out=None, trust_rule_file: bool = False, max_frames: int =
     log = load_log(run_dir)
     path = Path(out) if out else run_dir / "view.html"
     if path.suffix.lower() not in (".html", ".htm"):
-        raise ValueError(f"output {str(path)!r}: an interactive view is an .html file")
+        raise ParticlesUserError(f"output {str(path)!r}: an interactive view is an .html file")
     refuse_link(path)
     color_by = overrides.pop("color_by", None) or scene.render.color_by
     x, times = _frames(trajectory, 0, max_frames)

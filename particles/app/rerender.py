@@ -15,6 +15,7 @@ from render.panels import is_panel_column
 from particles.clusters import cluster_labels
 from particles.normalisation import RADIAL
 from particles.output import RunFileError
+from particles.errors import ParticlesUserError
 
 from .build import build_simulation, head_masks
 from .film_facts import film_facts
@@ -105,11 +106,11 @@ def rerender(run_dir, out=None, trust_rule_file: bool = False, echo=print, **ove
         cfg = render_config(scene.render, **overrides)
     except ValueError as err:   # the scene's [render] was checked at load: an option is out of range
         given = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in overrides.items())
-        raise ValueError(f"{err} (options given: {given or 'none'}; the other settings are "
-                         f"[render] in {str(run_dir / 'scene.toml')!r})") from None
+        raise ParticlesUserError(f"{err} (options given: {given or 'none'}; the other settings are "
+                                 f"[render] in {str(run_dir / 'scene.toml')!r})") from None
     path = Path(out) if out else run_dir / ("rerender" + Path(scene.render.file).suffix)
     if path.suffix.lower() not in (".mp4", ".gif"):
-        raise ValueError(f"output {str(path)!r}: the extension must be .mp4 or .gif")
+        raise ParticlesUserError(f"output {str(path)!r}: the extension must be .mp4 or .gif")
     refuse_link(path)
     threshold = float(scene.log.cluster_threshold)
     sim = None

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from particles import __version__, machine, tuning, validation
-from particles.backend import ArchError
+from particles.errors import ParticlesUserError
 from particles.drive import Driver, Stopped
 from particles.observables import columns
 from particles.normalisation import RADIAL, RADIUS_COLUMNS
@@ -192,7 +192,7 @@ def _naming_scene_file(scene):
     rule file, the render settings) names the scene file, as the loader's problems do."""
     try:
         yield
-    except (ValueError, ArchError) as err:
+    except ParticlesUserError as err:   # (a bare ValueError is a bug: its traceback is enough)
         prefix = _scene_file_prefix(scene)
         if prefix and len(err.args) == 1 and isinstance(err.args[0], str) \
                 and str(scene.path) not in err.args[0] \
@@ -386,7 +386,10 @@ class Runner:
             while path.with_name(f"{path.stem}.part{k}{path.suffix}").exists():
                 k += 1
             path = self.video_path = path.with_name(f"{path.stem}.part{k}{path.suffix}")
-        anim = Animation(path, cfg, info, t_end=self.steps_total * sim.dt)
+        try:
+            anim = Animation(path, cfg, info, t_end=self.steps_total * sim.dt)
+        except ValueError as err:   # render (which imports no core) refuses settings it cannot draw
+            raise ParticlesUserError(f"[render]: {err}") from None   # here: the scene's
         anim.__enter__()
         return anim
 

@@ -22,6 +22,8 @@ import time
 import traceback
 from pathlib import Path
 
+from particles.errors import ParticlesUserError
+
 from . import (e1_energy, e2_radial, e3_critical, e4_heterogeneous, e5_relu, e6_entropy,
                e7_near_orthogonal, e8_causal)
 from .common import jsonable
@@ -56,7 +58,7 @@ def main(quick: bool, out_dir: Path, only=None, compare=None) -> Path:
             other = json.loads(Path(compare).read_text(encoding="utf-8"))
             other["experiments"], other["meta"]["mode"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"--compare {compare}: not a readable report.json of `particles reproduce` ({exc})")
+            raise ParticlesUserError(f"--compare {compare}: not a readable report.json of `particles reproduce` ({exc})")
     from particles import __version__
     from particles.backend import init
 
@@ -67,7 +69,7 @@ def main(quick: bool, out_dir: Path, only=None, compare=None) -> Path:
     if only is not None:
         unknown = set(only) - {k for k, _ in EXPERIMENTS}
         if unknown:
-            raise ValueError(f"unknown experiment(s) {sorted(unknown)}; known: {[k for k, _ in EXPERIMENTS]}")
+            raise ParticlesUserError(f"unknown experiment(s) {sorted(unknown)}; known: {[k for k, _ in EXPERIMENTS]}")
     t0 = time.perf_counter()
     results, errors, problems = [], {}, []
     for i, (key, mod) in enumerate(selected, 1):

@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib.colors import LogNorm
 
 from particles.atomic import refuse_symlink
+from particles.errors import MissingFileError, ParticlesUserError
 from render.figures import new_figure, save_png_svg
 from particles.theory import beta_star, c_star, equiangular_rhs, equiangular_time  # noqa: F401
 
@@ -33,7 +34,7 @@ def _load(results_csv):
     if path.is_dir():
         path = path / "results.csv"
     if not path.is_file():
-        raise FileNotFoundError(f"no sweep results at {str(path)!r}")
+        raise MissingFileError(f"no sweep results at {str(path)!r}")
     cols = load_results(path)
     meta = {}
     mp = path.parent / "sweep.json"
@@ -45,7 +46,7 @@ def _load(results_csv):
     with open(path, encoding="utf-8") as fh:
         header = fh.readline().strip().split(",")
     if "step" not in cols or cols["step"].size == 0:
-        raise ValueError(f"{path} has no rows yet")
+        raise ParticlesUserError(f"{path} has no rows yet")
     return path, cols, meta, header
 
 
@@ -136,17 +137,17 @@ def plot_phase_diagram(results_csv, out_stem, quantity: str | None = None) -> li
     """
     path, cols, meta, header = _load(results_csv)
     if "dynamics.beta" not in cols:
-        raise ValueError("the results have no dynamics.beta column")
+        raise ParticlesUserError("the results have no dynamics.beta column")
     if quantity is None:
         quantity = "clusters" if "clusters" in cols else "eps"
     if quantity not in cols:
         have = [q for q in ("clusters", "eps") if q in cols]
-        raise ValueError(f"the sweep did not record {quantity!r} (recorded: {', '.join(have) or 'neither'}); "
-                         "add clusters = true or \"eps\" to [record]")
+        raise ParticlesUserError(f"the sweep did not record {quantity!r} (recorded: {', '.join(have) or 'neither'}); "
+                                 "add clusters = true or \"eps\" to [record]")
     betas = np.unique(cols["dynamics.beta"])
     times = np.unique(cols["time"])
     if betas.size < 2:
-        raise ValueError("a phase diagram needs at least two values of dynamics.beta")
+        raise ParticlesUserError("a phase diagram needs at least two values of dynamics.beta")
     panels = _groups(cols, _panel_columns(cols, header))
     ncol = min(3, math.ceil(math.sqrt(len(panels))))
     nrow = math.ceil(len(panels) / ncol)
@@ -248,17 +249,17 @@ def plot_clustering_time(results_csv, axis: str, out_stem) -> list[Path]:
     path, cols, meta, header = _load(results_csv)
     col = {"n": "tokens.n", "d": "tokens.d"}.get(axis, axis)
     if col not in cols:
-        raise ValueError(f"no column {axis!r} in the results (columns: {', '.join(cols)})")
+        raise ParticlesUserError(f"no column {axis!r} in the results (columns: {', '.join(cols)})")
     if "clustering_time" not in cols:
-        raise ValueError("the sweep did not record clustering_time; add [record] "
-                         "clustering_time = {threshold = 1e-3}")
+        raise ParticlesUserError("the sweep did not record clustering_time; add [record] "
+                                 "clustering_time = {threshold = 1e-3}")
     # one row per replica (the clustering time repeats on every recorded time)
     last = np.ones(cols["point"].size, dtype=bool)
     last[:-1] = cols["point"][1:] != cols["point"][:-1]
     one = {k: v[last] for k, v in cols.items()}
     x_all = one[col].astype(float)
     if np.unique(x_all).size < 2:
-        raise ValueError(f"{col} takes one value only; sweep it to see a trend")
+        raise ParticlesUserError(f"{col} takes one value only; sweep it to see a trend")
     keys = _panel_columns(one, header, exclude=(col,)) + (["dynamics.beta"]
                                                          if np.unique(one["dynamics.beta"]).size > 1 else [])
     series = _groups(one, keys)
@@ -312,7 +313,7 @@ def plot_sweep(sweep_dir) -> list[Path]:
     folder = Path(sweep_dir)
     mp = folder / "sweep.json"
     if not mp.is_file():
-        raise FileNotFoundError(f"{str(folder)!r} is not a sweep folder (no sweep.json in it)")
+        raise MissingFileError(f"{str(folder)!r} is not a sweep folder (no sweep.json in it)")
     meta = json.loads(mp.read_text())
     results = folder / "results.csv"
     axes = {a["key"]: a["values"] for a in meta.get("axes", [])}
@@ -327,10 +328,10 @@ def plot_sweep(sweep_dir) -> list[Path]:
         if len(axes.get(key, [])) >= 2 and "clustering_time" in cols:
             written += plot_clustering_time(results, key, folder / f"clustering_time_{short}")
     if not written:
-        raise ValueError(
-            f"nothing to plot for {str(folder)!r}: a phase diagram needs >= 2 values of "
-            "dynamics.beta and clusters or eps recorded; a clustering-time plot needs >= 2 values "
-            "of tokens.n or tokens.d and [record] clustering_time")
+        raise ParticlesUserError(
+                    f"nothing to plot for {str(folder)!r}: a phase diagram needs >= 2 values of "
+                    "dynamics.beta and clusters or eps recorded; a clustering-time plot needs >= 2 values "
+                    "of tokens.n or tokens.d and [record] clustering_time")
     return written
 
 
