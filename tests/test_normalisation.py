@@ -241,3 +241,32 @@ def test_a_sweep_records_the_radius_of_a_pre_ln_scene(tmp_path):
     sweep.write_text(post)
     proc = particles_cli("sweep", sweep, "--out", tmp_path / "post")
     assert proc.returncode == 2 and "'radius_mean' is not a log column" in proc.stderr
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_placements_around_a_causal_pass_and_a_schedule_of_layers(placement):
+    """The transform wraps whatever pass runs: a causal softmax head (the tiled fast pass over
+    its key band) and a schedule whose second layer has other heads."""
+    from particles import Attention, Layer, Schedule
+    x, heads = _system(seed=13, n=9, d=3)
+    alpha = ALPHA[placement]
+    sim = Simulation(x, heads[:1], beta=1.1, rule="softmax", dtype="float64", normalisation=placement,
+                     ngpt_alpha=alpha, attention=Attention(mask="causal"))
+    start = sim.tokens
+    y = start / np.linalg.norm(start, axis=-1, keepdims=True)
+    M, V = heads[0]
+    z = np.where(np.tril(np.ones((9, 9))) > 0, 1.1 * (y @ M @ y.T), -np.inf)
+    w = np.exp(z - z.max(axis=1, keepdims=True))
+    v = (w / w.sum(axis=1, keepdims=True)) @ (y @ V.T)
+    want = {"pre": v, "peri": v / np.linalg.norm(v, axis=-1, keepdims=True)}.get(placement)
+    if want is None:
+        u = v / np.linalg.norm(v, axis=-1, keepdims=True)
+        want = alpha * (u - np.sum(u * y, axis=-1, keepdims=True) * y)
+    np.testing.assert_allclose(sim.velocity(), want, rtol=0, atol=1e-12)
+    layered = Simulation(x, Schedule((Layer(heads[:1]), Layer(heads[1:])), (0, 2)), beta=1.1, rule="softmax",
+                         dtype="float64", dt=0.01, normalisation=placement, ngpt_alpha=alpha)
+    layered.advance(4)
+    start = x if placement != "ngpt" else x / np.linalg.norm(x, axis=-1, keepdims=True)
+    mid = reference_rk4(start, heads[:1], 1.1, "softmax", placement, alpha, 0.01, 2)
+    np.testing.assert_allclose(layered.tokens, reference_rk4(mid, heads[1:], 1.1, "softmax", placement, alpha,
+                                                             0.01, 2), rtol=0, atol=1e-12)
