@@ -228,6 +228,22 @@ def test_every_path_into_a_simulation_checks_the_size(monkeypatch):
         build.build_simulation(scene, tokens=huge)
 
 
+def test_build_simulation_takes_a_scene_or_its_sections_as_a_dict():
+    """As its docstring says: a Scene, or a dict of sections (validated again); anything else
+    is refused by name."""
+    import particles
+    from particles.errors import ParticlesTypeError
+    from scenes import load_scene
+    scene = load_scene("quickstart")
+    from_scene, from_dict = particles.build_simulation(scene), particles.build_simulation(scene.data)
+    assert np.array_equal(from_dict.tokens, from_scene.tokens) and from_dict.dt == from_scene.dt
+    assert np.array_equal(from_dict.betas, from_scene.betas)
+    with pytest.raises(ParticlesUserError, match="beta"):
+        particles.build_simulation({**scene.data, "dynamics": {**scene.data["dynamics"], "beta": -1.0}})
+    with pytest.raises(ParticlesTypeError, match="got str"):
+        particles.build_simulation("quickstart")
+
+
 def test_a_sweep_of_too_many_tokens_is_refused_before_a_unit_runs(tmp_path, capsys):
     from particles.app.cli import main
     path = tmp_path / "big.toml"

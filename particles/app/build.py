@@ -5,10 +5,12 @@ when it cannot fit in memory; after the dtype cast every parameter must still be
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from particles import validation
-from particles.errors import ParticlesUserError
+from particles.errors import ParticlesTypeError, ParticlesUserError
 
 from particles.attention import Attention, alibi_slopes
 from particles.integrators import Adaptive
@@ -16,7 +18,7 @@ from particles.rotary import Rotary
 from particles.rules import SINKHORN_ITERATIONS, get_rule, load_rule_file, sinkhorn_rule
 from particles.schedule import Layer, Schedule
 from particles.simulation import Simulation
-from scenes.scene import build_heads
+from scenes.scene import Scene, build_heads
 from scenes.schema import steps_from_time
 
 SLOW_PAIRS = 1e11        # pairs per evaluation above which a run is announced as slow
@@ -107,12 +109,18 @@ def _check_heads_in_dtype(real, where: str, heads, attention) -> None:
 
 def build_simulation(scene, *, tokens=None, heads=None, beta=None, entropy_rate=None,
                      echo=None) -> Simulation:
-    """The Simulation a scene describes (a Scene, or its resolved sections as a dict).
+    """The Simulation a scene describes (a Scene, or a scene's sections as a dict, such as
+    ``scene.data``: validated as ``Scene.from_dict`` does).
 
     tokens, heads, beta: replace the scene's initial tokens, heads, beta(s) (a sweep's work
     unit stacks its replicas' tokens; a re-render starts from saved ones).
     entropy_rate: default the scene's ``log.entropy_rate``.
     """
+    if isinstance(scene, Mapping):
+        scene = Scene.from_dict(dict(scene))
+    elif not isinstance(scene, Scene):
+        raise ParticlesTypeError(f"build_simulation takes a Scene (scenes.load_scene) or a scene's "
+                                 f"sections as a dict, got {type(scene).__name__}")
     data = _sections(scene)
     dyn = data["dynamics"]
     rule = load_scene_rule(scene, echo)
