@@ -137,6 +137,7 @@ def test_the_default_is_the_papers_sphere_and_the_fused_path_refuses_the_others(
     (dict(normalisation="pre", ngpt_alpha=0.5), r"ngpt_alpha .* applies only with normalisation 'ngpt'"),
     (dict(normalisation="ngpt", ngpt_alpha=0.0), r"ngpt_alpha must be a positive finite number"),
     (dict(normalisation="peri", entropy_rate=True, rule="softmax"), r"entropy rate .* normalisation 'peri'"),
+    (dict(normalisation="pre", retraction="exp", integrator="euler"), r"retraction 'exp' .*normalisation 'pre'"),
 ])
 def test_bad_placements_are_refused_clearly(kwargs, message):
     x, heads = _system(n=5, d=3)
