@@ -27,6 +27,7 @@ import time
 import numpy as np
 import taichi as ti
 
+from . import machine
 from .vocabulary import ARCHES as ARCH_CHOICES
 SPIRV_ARCHES = ("vulkan", "metal", "opengl")
 SOFTWARE_DEVICES = ("llvmpipe", "lavapipe", "SwiftShader")  # Vulkan on the CPU
@@ -38,6 +39,17 @@ _active: dict[str, str] = {}
 
 
 from .errors import ArchError, ParticlesUserError  # noqa: E402  (the requested arch cannot run here: the one family)
+
+
+def fingerprint() -> dict:
+    """What decides a run's bits on the CPU: the CPU identity, Taichi's and LLVM's versions."""
+    out = machine.cpu_identity()
+    out["taichi"] = ".".join(map(str, ti.__version__))
+    try:
+        out["llvm"] = str(ti._lib.core.get_llvm_target_support())
+    except Exception:  # a Taichi build without the query: the version alone still tells
+        out["llvm"] = ""
+    return out
 
 
 def _arch_name(arch) -> str:

@@ -4,7 +4,8 @@ Taichi 1.7's JIT compiles the kernels for the host CPU, and LLVM picks a differe
 vectorisation (and so a different order of floating-point additions) for each vector width
 and CPU model. A run is therefore bitwise reproducible on the same CPU model with the same
 Taichi and LLVM, and only to the dtype's round-off elsewhere. `run.json` and the golden
-recordings store this fingerprint so that a difference can be explained.
+recordings store this fingerprint (``backend.fingerprint``: this CPU's identity with Taichi's and
+LLVM's versions) so that a difference can be explained.
 """
 from __future__ import annotations
 
@@ -52,18 +53,6 @@ def cpu_identity() -> dict:
         "machine": platform.machine(),
         "vector_width_bits": vector_width_bits(flags),
     }
-
-
-def fingerprint() -> dict:
-    """What decides a run's bits on the CPU: the CPU identity, Taichi's and LLVM's versions."""
-    import taichi
-    out = cpu_identity()
-    out["taichi"] = ".".join(map(str, taichi.__version__))
-    try:
-        out["llvm"] = str(taichi._lib.core.get_llvm_target_support())
-    except Exception:  # a Taichi build without the query: the version alone still tells
-        out["llvm"] = ""
-    return out
 
 
 def describe(fp: dict) -> str:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import machine
+from . import backend, machine
 from .atomic import atomic_write_text
 from .errors import ParticlesUserError
 
@@ -94,7 +94,7 @@ def shape_class(dtype: str, d: int, r: int, rv: int, softmax: bool, n: int) -> s
     """The key a pick is cached under: the CPU, then the pass's compile-time shape and n to the
     next power of two (the tiles' efficiency changes slowly with n)."""
     bucket = 1 << max(0, (n - 1).bit_length())
-    return (f"{machine.describe(machine.fingerprint())} | wide {dtype} d={d} r={r} rv={rv} "
+    return (f"{machine.describe(backend.fingerprint())} | wide {dtype} d={d} r={r} rv={rv} "
             f"{'softmax' if softmax else 'exp'} n~{bucket}")
 
 
@@ -130,7 +130,7 @@ def tiles_now() -> dict[str, str]:
         return {}
     if mode.startswith("wide="):
         return {"*": WideTiles.parse(mode[len("wide="):]).label}
-    mine = machine.describe(machine.fingerprint()) + " | "
+    mine = machine.describe(backend.fingerprint()) + " | "
     return {pass_class(key): entry["choice"] for key, entry in _read(cache_path()).items()
             if key.startswith(mine) and isinstance(entry, dict) and isinstance(entry.get("choice"), str)}
 

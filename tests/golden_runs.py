@@ -210,8 +210,8 @@ def record(name: str, scratch: Path) -> None:
 if __name__ == "__main__":
     import tempfile
 
-    from particles import machine
-    here = machine.fingerprint()
+    from particles import backend, machine
+    here = backend.fingerprint()
     recorded = recorded_machine()
     names = sys.argv[1:] or NAMES
     if recorded and not same_machine(recorded, here) and set(names) != set(NAMES):

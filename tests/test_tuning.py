@@ -9,7 +9,7 @@ import pytest
 import particles
 import reference as ref
 from conftest import RTOL, general_heads, random_tokens, rel_err
-from particles import kernels_wide, machine, tuning
+from particles import backend, kernels_wide, machine, tuning
 from particles.errors import ParticlesUserError
 
 # the defaults run in the fast tier (tests/test_engine.py); 256-bit float32 lanes here too
@@ -67,7 +67,7 @@ def test_the_fastest_candidate_is_kept_and_cached_under_this_cpu(measuring, fake
     measure = timed_by(fake_clock, fake, timed)
 
     key = tuning.shape_class("float32", 64, 64, 64, True, 3000)
-    assert key.startswith(machine.describe(machine.fingerprint())) and "n~4096" in key
+    assert key.startswith(machine.describe(backend.fingerprint())) and "n~4096" in key
     choice = tuning.wide_tiles("float32", key, measure)
     assert (choice.tiles.label, choice.how) == ("8x3x6", "measured") and sorted(timed) == sorted(fake)
     stored = json.loads(measuring.read_text())[key]
@@ -75,7 +75,7 @@ def test_the_fastest_candidate_is_kept_and_cached_under_this_cpu(measuring, fake
     again = tuning.wide_tiles("float32", key, lambda t: pytest.fail("measured twice"))
     assert (again.tiles.label, again.how) == ("8x3x6", "cached")
     # another CPU (or another shape class) is measured on its own
-    other = key.replace(machine.describe(machine.fingerprint()), "Some Other CPU")
+    other = key.replace(machine.describe(backend.fingerprint()), "Some Other CPU")
     assert tuning.wide_tiles("float32", other, measure).how == "measured"
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from particles import __version__, machine, tuning, validation
+from particles import __version__, backend, tuning, validation
 from particles.errors import ParticlesUserError
 from particles.drive import Driver, Stopped
 from particles.observables import columns
@@ -395,7 +395,7 @@ class Runner:
 
     def _write_run_json(self, status: str, extra: dict | None = None) -> None:
         sim = self.sim
-        versions, fingerprint = _versions(), machine.fingerprint()
+        versions, fingerprint = _versions(), backend.fingerprint()
         segment = {"start_step": self.first_step, "end_step": sim.step_count, "versions": versions,
                    "machine": fingerprint}
         info = {"scene": self.scene.name, "status": status, "steps_total": self.steps_total,
