@@ -111,7 +111,8 @@ class BlockWeights:
     gate: tuple | None = None
 
 
-def _norm(kind: str, x, norm: tuple, eps: float):
+def norm_input(kind: str, x, norm: tuple, eps: float):
+    """A pre-norm block's norm of x (``kind`` "pre-ln" or "pre-rms"), as its attention reads it."""
     return rms_norm(x, norm[0], eps) if kind == "pre-rms" else layer_norm(x, norm[0], norm[1], eps)
 
 
@@ -130,5 +131,5 @@ def block(h, b: BlockWeights) -> np.ndarray:
     if b.placement == "post-ln":
         a = layer_norm(h + attention(h, b.attention), *b.norm1, b.eps)
         return layer_norm(a + mlp(a, b), *b.norm2, b.eps)
-    a = h + attention(_norm(b.placement, h, b.norm1, b.eps), b.attention)
-    return a + mlp(_norm(b.placement, a, b.norm2, b.eps), b)
+    a = h + attention(norm_input(b.placement, h, b.norm1, b.eps), b.attention)
+    return a + mlp(norm_input(b.placement, a, b.norm2, b.eps), b)

@@ -69,7 +69,8 @@ from .rotary import Rotary
 __all__ = ["PretrainedError", "Checkpoint", "LayerHeads", "TextTokens", "open_checkpoint",
            "load_heads", "text_tokens", "head_table", "LAYOUTS", "EXTRA_HINT", "MINILM_PACKAGE",
            "MINILM_INSTALL", "attention_reference", "attention_maps", "BIASES", "ROTARY",
-           "attention_weights", "block_weights", "hidden_states", "depth_agreement"]
+           "attention_weights", "block_weights", "hidden_states", "depth_agreement",
+           "model_attention"]
 
 LAYOUTS = ("bert", "gpt2", "llama")
 BIASES = ("keep", "drop")
@@ -112,10 +113,16 @@ def _require(module: str):
 
 
 def _checkpoint_in(package: Path) -> Path | None:
-    """The checkpoint folder of a package folder: itself or its model/ sub-folder."""
+    """The checkpoint folder of a package folder: itself or its model/ sub-folder (a Hugging
+    Face folder: config.json), or the folder of a described layout's weights file
+    (``DESCRIPTIONS``: itself or its ``folder``)."""
     for folder in (package, package / "model"):
         if (folder / "config.json").exists():
             return folder.resolve()
+    for desc in DESCRIPTIONS.values():
+        for folder in (package, package / desc.folder):
+            if (folder / desc.weights).is_file():
+                return folder.resolve()
     return None
 
 
@@ -366,6 +373,18 @@ class Checkpoint:
     def has(self, name: str) -> bool:
         return self.prefix + name in self._header
 
+    def tokenizer_json(self) -> tuple[Path, str]:
+        """(the tokenizer file, its Hugging Face tokenizer JSON)."""
+        tok_file = self.folder / "tokenizer.json"
+        if not tok_file.exists():
+            raise PretrainedError(f"model folder '{self.folder}' has no tokenizer.json (needed "
+                                  "for init = 'text')")
+        data = _read_regular(tok_file, "the tokenizer", TOKENIZER_LIMIT)
+        try:
+            return tok_file, data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PretrainedError(f"'{tok_file}' could not be read by tokenizers: {exc}") from None
+
     def shape(self, name: str) -> tuple:
         """A tensor's shape from the header (nothing read)."""
         return tuple(self._header[self.prefix + name]["shape"])
@@ -429,9 +448,14 @@ _PROBES = {"bert": "encoder.layer.{}.attention.self.query.weight", "gpt2": "h.{}
 def open_checkpoint(model) -> Checkpoint:
     """Open a checkpoint folder or installed package (reads config.json and the tensor index).
     The sizes config.json declares are held to the tensors the file holds (its first and last
-    layer's query weight), so no size read from config.json exceeds what the file backs."""
+    layer's query weight), so no size read from config.json exceeds what the file backs. A
+    folder of a described layout (``DESCRIPTIONS``) is read through its description."""
     folder = resolve_model(model)
     cfg_path = folder / "config.json"
+    if not cfg_path.exists():
+        for desc in DESCRIPTIONS.values():
+            if (folder / desc.weights).is_file():
+                return _open_described(folder, desc)
     config = _parse_json(_read_regular(cfg_path, "the model's config", CONFIG_LIMIT), cfg_path)
     if not isinstance(config, dict):
         raise PretrainedError(f"'{cfg_path}': expected a JSON object, got {type(config).__name__}")
@@ -470,6 +494,175 @@ def open_checkpoint(model) -> Checkpoint:
     if not ck.has(last):
         raise PretrainedError(f"'{cfg_path}' declares {ck.n_layers} layers, but '{weights}' has "
                               f"no tensor '{ck.prefix}{last}' (its layers end earlier)")
+    return ck
+
+
+def _rotary(ck: Checkpoint) -> Rotary:
+    """A llama-layout checkpoint's rotary positions: base rope_theta, pairs "half" (Hugging
+    Face) unless its config (or description) says "interleaved"."""
+    pairs = ck.config.get("rotary_pairs", "half")
+    if pairs not in ("half", "interleaved"):
+        raise PretrainedError(f"'{ck.folder}' rotary_pairs: expected 'half' or 'interleaved', "
+                              f"got {_show(pairs)}")
+    return Rotary(ck.number("rope_theta", 10000.0), pairs)
+
+
+# ----------------------------------------------------------------------------- described layouts
+
+@dataclass(frozen=True)
+class LayoutDescription:
+    """A checkpoint that is not a Hugging Face folder, read as one of the layouts above through
+    a description: its files, its config's keys, each tensor's name and orientation.
+
+    weights     the NumPy .npz file (no pickles) holding the tensors and, under ``config_key``,
+                the config as a JSON string
+    config      Hugging Face config key -> the file's config key; ``fixed``: keys it implies
+    tensors     (Hugging Face name, the file's name, transposed): names with {l} per layer;
+                transposed: the file stores (in, out) where the layout reads (out, in)
+    tokenizer   the tokenizer file: character BPE as {alphabet, merges}, ids specials +
+                alphabet + merges, text NFC with spaces as ``space`` (turned into a Hugging Face
+                tokenizer; nothing of the package runs)
+    """
+
+    name: str
+    layout: str
+    folder: str
+    weights: str
+    tokenizer: str
+    config_key: str
+    config: tuple
+    fixed: tuple
+    tensors: tuple
+    specials: tuple = ()
+    space: str = "\u2581"
+    chunk: str = ""
+    hint: str = ""
+
+
+GLASSLLM = LayoutDescription(
+    "glassllm", "llama", "weights", "en.npz", "en.tokenizer.json", "__config__",
+    config=(("hidden_size", "d_model"), ("num_attention_heads", "n_heads"),
+            ("num_key_value_heads", "n_kv_heads"), ("num_hidden_layers", "n_layers"),
+            ("max_position_embeddings", "max_len"), ("rope_theta", "rope_base"),
+            ("rms_norm_eps", "eps"), ("vocab_size", "vocab_size")),
+    fixed=(("model_type", "llama"), ("hidden_act", "silu"), ("rotary_pairs", "interleaved")),
+    tensors=(("embed_tokens.weight", "E", False),
+             ("layers.{l}.self_attn.q_proj.weight", "blocks.{l}.attn.W_Q", True),
+             ("layers.{l}.self_attn.k_proj.weight", "blocks.{l}.attn.W_K", True),
+             ("layers.{l}.self_attn.v_proj.weight", "blocks.{l}.attn.W_V", True),
+             ("layers.{l}.self_attn.o_proj.weight", "blocks.{l}.attn.W_O", True),
+             ("layers.{l}.input_layernorm.weight", "blocks.{l}.norm1.gamma", False),
+             ("layers.{l}.post_attention_layernorm.weight", "blocks.{l}.norm2.gamma", False),
+             ("layers.{l}.mlp.gate_proj.weight", "blocks.{l}.ffn.W1", True),
+             ("layers.{l}.mlp.up_proj.weight", "blocks.{l}.ffn.W3", True),
+             ("layers.{l}.mlp.down_proj.weight", "blocks.{l}.ffn.W2", True)),
+    specials=("<pad>", "<unk>", "<bos>", "<eos>"),
+    chunk="\n|\u2581*[^\u2581\n]+|\u2581+",
+    hint="pip install glassllm==0.1.0 (a 4-layer Llama-style model, MIT)")
+DESCRIPTIONS = {GLASSLLM.name: GLASSLLM}
+NPZ_LIMIT = 2_000_000_000   # bytes of a described layout's weights file
+
+
+class DescribedCheckpoint(Checkpoint):
+    """A checkpoint read through a ``LayoutDescription``: its tensors as the layout names them
+    (float64, transposed where the file stores (in, out))."""
+
+    description: LayoutDescription = None
+    arrays: dict = None
+
+    def shape(self, name: str) -> tuple:
+        return self.arrays[name].shape
+
+    def tensor(self, name: str, want: tuple | None = None) -> np.ndarray:
+        if name not in self.arrays:
+            raise PretrainedError(f"'{self.weights_file}' has no tensor for '{name}' (the "
+                                  f"{self.description.name} description names none)")
+        arr = self.arrays[name]
+        if want is not None and (len(want) != arr.ndim or
+                                 any(w is not None and w != v for w, v in zip(want, arr.shape))):
+            shown = "(" + ", ".join("any" if w is None else str(w) for w in want) + ")"
+            raise PretrainedError(f"'{self.weights_file}' tensor for '{name}': expected shape "
+                                  f"{shown} from its config, got {arr.shape}")
+        return arr
+
+    def tokenizer_json(self) -> tuple[Path, str]:
+        desc = self.description
+        tok_file = self.folder / desc.tokenizer
+        data = _parse_json(_read_regular(tok_file, "the tokenizer", TOKENIZER_LIMIT), tok_file)
+        alphabet, merges = (data.get("alphabet"), data.get("merges")) if isinstance(data, dict) \
+            else (None, None)
+        if not (isinstance(alphabet, list) and all(isinstance(a, str) for a in alphabet) and
+                isinstance(merges, list) and
+                all(isinstance(m, list) and len(m) == 2 and all(isinstance(p, str) for p in m)
+                    for m in merges)):
+            raise PretrainedError(f"'{tok_file}': expected {{\"alphabet\": [strings], \"merges\": "
+                                  "[[a, b], ...]}} (the description's character BPE)")
+        vocab = {}
+        for token in list(desc.specials) + alphabet + [a + b for a, b in merges]:
+            vocab.setdefault(token, len(vocab))
+        if len(vocab) != len(desc.specials) + len(alphabet) + len(merges):
+            raise PretrainedError(f"'{tok_file}': a token appears twice, so ids are ambiguous")
+        spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+                "normalizer": {"type": "Sequence", "normalizers": [
+                    {"type": "NFC"},
+                    {"type": "Replace", "pattern": {"String": " "}, "content": desc.space}]},
+                "pre_tokenizer": {"type": "Split", "pattern": {"Regex": desc.chunk},
+                                  "behavior": "Isolated", "invert": False},
+                "post_processor": None, "decoder": None,
+                "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>",
+                          "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                          "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                          "vocab": vocab, "merges": [list(m) for m in merges]}}
+        return tok_file, json.dumps(spec)
+
+
+def _open_described(folder: Path, desc: LayoutDescription) -> DescribedCheckpoint:
+    """Read a described checkpoint: the .npz (no pickles, size checked first), its config
+    translated to the layout's keys, every tensor named and oriented as the layout reads it."""
+    weights = folder / desc.weights
+    fh, size = _open_regular(weights, "the weights")
+    with fh:
+        if size > NPZ_LIMIT:
+            raise PretrainedError(f"'{weights}' holds {size} bytes, more than the {NPZ_LIMIT} "
+                                  "this reader accepts")
+        try:
+            with np.load(fh, allow_pickle=False) as npz:
+                stored = {k: npz[k] for k in npz.files}
+        except Exception as exc:  # noqa: BLE001 - zip, format and pickle errors alike
+            raise PretrainedError(f"'{weights}' is not a readable .npz of arrays: {exc}") from None
+    raw = stored.pop(desc.config_key, None)
+    if raw is None or raw.dtype.kind != "U" or raw.shape != ():
+        raise PretrainedError(f"'{weights}' has no config string '{desc.config_key}' (the "
+                              f"{desc.name} description reads its sizes there)")
+    found = _parse_json(str(raw).encode("utf-8"), weights)
+    if not isinstance(found, dict):
+        raise PretrainedError(f"'{weights}' '{desc.config_key}': expected a JSON object")
+    config = dict(desc.fixed)
+    config.update({hf: found[key] for hf, key in desc.config if key in found})
+    ck = DescribedCheckpoint(folder, config, desc.layout, weights, {}, 0)
+    ck.description = desc
+    converted = set()
+    arrays = {}
+    for hf, key, transposed in desc.tensors:
+        for l in range(ck.n_layers if "{l}" in hf else 1):
+            src = key.format(l=l)
+            if src not in stored:
+                raise PretrainedError(f"'{weights}' has no array '{src}' (the {desc.name} "
+                                      f"description reads it as '{hf.format(l=l)}')")
+            a = stored[src]
+            if a.dtype.kind != "f":
+                raise PretrainedError(f"'{weights}' array '{src}': dtype {a.dtype} is not a float")
+            if a.dtype != np.float64:
+                converted.add(str(a.dtype))
+            a = a.astype(np.float64)
+            arrays[hf.format(l=l)] = np.ascontiguousarray(a.T if transposed else a)
+    ck.arrays, ck.converted = arrays, converted
+    ck._header = dict.fromkeys(arrays)
+    d, H, dh = ck.hidden, ck.n_heads, ck.head_dim
+    if ck.n_heads % ck.n_kv_heads or H * dh != d:
+        raise PretrainedError(f"'{weights}' '{desc.config_key}': {H} heads, {ck.n_kv_heads} "
+                              f"key/value heads and hidden size {d} do not fit together")
+    ck.tensor("layers.0.self_attn.q_proj.weight", (H * dh, d))
     return ck
 
 
@@ -584,9 +777,10 @@ def load_heads(model, layer: int = 0, heads=None, fold_layernorm: bool = False,
     if ck.layout == "llama":
         theta = ck.number("rope_theta", 10000.0)
         if rotary == "keep":
-            rope = Rotary(theta, "half")
+            rope = _rotary(ck)
+            pairs = "(p, p + d_head/2)" if rope.pairs == "half" else "(2p, 2p + 1)"
             notes.append(f"rotary position embeddings (rope_theta = {theta:g}) carried: q_i and "
-                         "k_j turn by their positions (token indices), pairs (p, p + d_head/2)")
+                         f"k_j turn by their positions (token indices), pairs {pairs}")
         else:
             notes.append(f"rotary position embeddings (rope_theta = {theta:g}) dropped (rotary = "
                          "'drop'): the heads act as the layer does on tokens all at position 0")
@@ -670,7 +864,7 @@ def attention_weights(model, layer: int, biases: bool = True, rotary: bool = Tru
     ck = model if isinstance(model, Checkpoint) else open_checkpoint(model)
     ws, bs = _layer_weights(ck, layer)
     bq, bk, bv, bo = bs if biases else (None,) * 4
-    rope = Rotary(ck.number("rope_theta", 10000.0)) if rotary and ck.layout == "llama" else None
+    rope = _rotary(ck) if rotary and ck.layout == "llama" else None
     return forward.AttentionWeights(*ws, bq, bk, bv, bo, ck.n_heads, ck.n_kv_heads, ck.head_dim,
                                     ck.causal, rope)
 
@@ -778,6 +972,18 @@ def attention_maps(layer_heads: LayerHeads, x, beta: float = 1.0, positions: boo
     return np.stack(W), np.stack(F)
 
 
+def model_attention(model, text: str, layer: int) -> np.ndarray:
+    """(H, n, n): the model's own attention weights of ``layer`` on ``text``, on the layer's
+    real input (the hidden state entering it, through the layer's norm for a pre-norm model;
+    biases, rotary and mask as the model has them). A figure's: n x n per head."""
+    ck = model if isinstance(model, Checkpoint) else open_checkpoint(model)
+    h = hidden_states(ck, text, layer)[layer]
+    block = block_weights(ck, layer)
+    if block.placement != "post-ln":
+        h = forward.norm_input(block.placement, h, block.norm1, block.eps)
+    return forward.attention(h, block.attention, weights_out=True)[1]
+
+
 def depth_agreement(hidden, flow) -> list[dict]:
     """The flow's depth beside the model's: ``hidden`` [h_0, ..., h_L] (``hidden_states``),
     ``flow`` [x(0), x(T), ..., x(L T)] the flow's tokens at the layers' ends (layer l from
@@ -842,14 +1048,10 @@ def text_tokens(model, text: str, layernorm: bool = True, sphere: bool = True,
         return TextTokens(np.ascontiguousarray(h), first.strings, first.ids, notes)
     if not isinstance(text, str) or not text.strip():
         raise PretrainedError(f"text: expected a non-empty string, got {text!r}", key="text")
-    tok_file = ck.folder / "tokenizer.json"
-    if not tok_file.exists():
-        raise PretrainedError(f"model folder '{ck.folder}' has no tokenizer.json (needed for "
-                              "init = 'text')")
+    tok_file, tok_json = ck.tokenizer_json()
     tokenizers = _require("tokenizers")
-    data = _read_regular(tok_file, "the tokenizer", TOKENIZER_LIMIT)
     try:
-        tok = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
+        tok = tokenizers.Tokenizer.from_str(tok_json)
         tok.no_truncation()
         tok.no_padding()
         enc = tok.encode(text, add_special_tokens=special_tokens)

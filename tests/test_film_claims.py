@@ -244,7 +244,7 @@ def test_every_bundled_scene_films_the_panels_its_claim_needs():
     draws, with the theory each claim is judged against."""
     from particles.app.rerender import run_info
     from scenes import bundled_scenes, load_scene
-    from minilm import minilm_folder
+    from minilm import model_missing
     expected = {
         "energy_monotone": ["energy", "energy_rate", "radial_dominance"],
         "radial_shadow_sphere": ["energy", "radial_dominance", "energy_rate"],
@@ -259,7 +259,7 @@ def test_every_bundled_scene_films_the_panels_its_claim_needs():
         "entropy_rise": ["entropy", "gamma_bar", "energy"],
     }
     for name in sorted(bundled_scenes()):
-        if name.startswith("minilm_") and minilm_folder() is None:
+        if model_missing(name):
             continue
         scene = load_scene(name)
         heads = scene.build_heads()

