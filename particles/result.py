@@ -2,19 +2,17 @@
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
+from tqdm.auto import tqdm as auto_tqdm
+from tqdm.std import tqdm as text_tqdm
 
 from . import display
 from .drive import AT_END, Every, Writer
 from .errors import ParticlesUserError
-
-_PER_HEAD = re.compile(r"^(.+)_h(\d+)$")
-
 
 @dataclass(frozen=True, eq=False)
 class Result(Mapping):
@@ -97,108 +95,14 @@ class Result(Mapping):
         """The columns as an xarray Dataset with dims (step[, replica][, head]): per-head columns
         ``<q>_h<h>`` become one variable ``q`` along ``head``; ``time`` is a coordinate of ``step``.
         xarray is optional: ImportError names it."""
-        try:
-            import xarray as xr
-        except ImportError:
-            raise ImportError("Result.to_xarray needs xarray (pip install xarray); the columns are "
-                              "NumPy arrays in result[name] without it") from None
-        steps = np.unique(self.data["step"]) if "step" in self.data else np.arange(len(self))
-        ensemble = "replica" in self.data
-        replicas = np.unique(self.data["replica"]) if ensemble else None
-        shape = (len(steps), len(replicas)) if ensemble else (len(steps),)
-        dims = ("step", "replica") if ensemble else ("step",)
-        if int(np.prod(shape)) != len(self):
-            raise ParticlesUserError(f"Result.to_xarray: {len(self)} rows do not form a (step, replica) grid {shape}")
-        heads: dict[str, dict[int, np.ndarray]] = {}
-        variables = {}
-        for name, values in self.data.items():
-            if name in ("step", "replica", "time"):
-                continue
-            m = _PER_HEAD.match(name)
-            if m:
-                heads.setdefault(m.group(1), {})[int(m.group(2))] = values.reshape(shape)
-            else:
-                variables[name] = (dims, values.reshape(shape))
-        for base, per in heads.items():
-            H = max(per) + 1
-            stack = np.stack([per.get(h, np.full(shape, np.nan)) for h in range(H)], axis=-1)
-            variables[base] = (dims + ("head",), stack)
-        coords = {"step": steps}
-        if "time" in self.data:
-            coords["time"] = ("step", self.data["time"].reshape(shape)[(slice(None),) + (0,) * (len(shape) - 1)])
-        if ensemble:
-            coords["replica"] = replicas
-        betas = self.betas
-        if betas is not None and ensemble and len(betas) > int(replicas.max()):
-            coords["beta"] = ("replica", betas[replicas])   # each replica's inverse temperature
-        elif betas is not None and not ensemble and len(betas) == 1:
-            coords["beta"] = float(betas[0])
-        if heads:
-            coords["head"] = np.arange(max(max(p) + 1 for p in heads.values()))
-        return xr.Dataset(variables, coords=coords)
+        return _app("result_to_xarray")(self)
 
     def plot(self, *columns: str, ax=None):
         """Columns against time, one panel each (per-head quantities by base name, e.g. "energy_rate"
         draws energy_rate_h0, energy_rate_h1, ...); default eps, energy and clusters where logged.
         Returns the matplotlib figure (or that of ``ax``): a notebook shows it once, as the cell's
         value; it is not left open in pyplot (a script saves it with ``fig.savefig``)."""
-        columns = columns or tuple(c for c in ("eps", "energy", "clusters") if c in self.data
-                                   and np.isfinite(self.data[c]).any())
-        if not columns:
-            raise ParticlesUserError(f"Result.plot: name columns to draw; columns: {', '.join(self.data)}")
-        panels = []
-        for c in columns:
-            names = [c] if c in self.data else sorted(
-                (k for k in self.data if (m := _PER_HEAD.match(k)) and m.group(1) == c),
-                key=lambda k: int(_PER_HEAD.match(k).group(2)))
-            if not names:
-                raise ParticlesUserError(f"Result.plot: no column {c!r}; columns: {', '.join(self.data)}")
-            panels.append((c, names))
-        if ax is None:
-            import matplotlib.pyplot as plt
-            # made by pyplot, which loads the backend (in Jupyter the inline one, which displays a
-            # figure that is a cell's value), then let go of, so it is not displayed a second time
-            fig = plt.figure(figsize=(6, 2.2 * len(panels)), layout="constrained")   # labels kept inside
-            plt.close(fig)
-            axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
-        else:
-            axes = np.atleast_1d(ax)
-            fig = axes[0].figure
-        x = self.data.get("time", np.arange(len(self)))
-        members = self._replica_lines()
-        for a, (c, names) in zip(axes, panels):
-            positive = True
-            for i, k in enumerate(names):
-                for rows, label, color in members:
-                    y = self.data[k][rows]
-                    ok = np.isfinite(y)
-                    positive &= bool((y[ok] > 0).all())
-                    parts = [p for p in (k if len(names) > 1 else None, label) if p]
-                    a.plot(x[rows][ok], y[ok], label=", ".join(parts) or None, color=color,
-                           ls=_LINE_STYLES[i % len(_LINE_STYLES)] if color is not None else "-")
-            a.set_ylabel(c)
-            if c in ("eps", "clusters") and positive:
-                a.set_yscale("log")
-            if len(names) * len(members) > 1:
-                a.legend(fontsize=7, ncol=1 if len(names) * len(members) <= 6 else 2)
-        axes[-1].set_xlabel("time" if "time" in self.data else "row")
-        return fig
-
-    def _replica_lines(self) -> list[tuple[np.ndarray | slice, str | None, object]]:
-        """(rows, label, colour) per replica: 'β = 3' where the betas are known (colours ordered
-        by beta on a sequential map), else 'replica r'; one entry (all rows, no label, the
-        default colour) without an ensemble."""
-        if "replica" not in self.data:
-            return [(slice(None), None, None)]
-        from matplotlib import colormaps
-        replica = self.data["replica"]
-        ids = np.unique(replica)
-        betas = self.betas
-        known = betas is not None and len(betas) > int(ids.max())
-        order = np.argsort(np.argsort(betas[ids])) if known else np.arange(len(ids))
-        shades = colormaps["viridis"](np.linspace(0.0, 0.85, max(len(ids), 2)))
-        return [(replica == r, f"\u03b2 = {betas[r]:g}" if known else f"replica {r}", shades[order[i]])
-                for i, r in enumerate(ids)]
+        return _app("plot_columns")(self, *columns, ax=ax)
 
     def animate(self, **options):
         """The film of ``trajectory`` (``sim.run(..., trajectory_every=k)``) with this log's
@@ -216,21 +120,13 @@ class Result(Mapping):
 
     def to_pandas(self):
         """The columns as a pandas DataFrame (pandas is optional: ImportError names it)."""
-        try:
-            import pandas as pd
-        except ImportError:
-            raise ImportError("Result.to_pandas needs pandas (pip install pandas); the columns are "
-                              "NumPy arrays in result[name] without it") from None
-        return pd.DataFrame(self.data)
-
-
-_LINE_STYLES = ("-", "--", ":", "-.")   # per column when replicas take the colours
+        return _app("result_to_pandas")(self)
 
 
 def _app(name: str):
-    """A drawing function of the application layer (particles.app.notebook), which alone may
-    use the renderer: the core imports no renderer, so these methods are the notebook's door
-    to it (as ``particles.run_scene`` is), imported on first use."""
+    """A function of the application layer (particles.app.notebook), which alone may use the
+    renderer and the optional converters: the core imports neither, so these methods are the
+    notebook's door to them (as ``particles.run_scene`` is), imported on first use."""
     import importlib
     return getattr(importlib.import_module("particles.app.notebook"), name)
 
@@ -307,11 +203,9 @@ def progress_bar(steps: int):
 
         def start(self, sim, step, end):
             try:
-                from tqdm.auto import tqdm
-                self.bar = tqdm(total=end - step, unit="step", desc="particles")
+                self.bar = auto_tqdm(total=end - step, unit="step", desc="particles")
             except ImportError:   # a notebook without ipywidgets: tqdm.auto cannot draw its widget
-                from tqdm.std import tqdm
-                self.bar = tqdm(total=end - step, unit="step", desc="particles")
+                self.bar = text_tqdm(total=end - step, unit="step", desc="particles")
             self.first, self.end = step, end
 
         def on_state(self, state):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import math
+import re
 import tempfile
 from pathlib import Path
 
@@ -223,3 +224,130 @@ def run_html(run_dir, out=None, trust_rule_file: bool = False, max_frames: int =
     atomic_write_text(path, interactive_html(times, x, info, config, token_values=values, captions=captions,
                                              fps=max(1, min(scene.render.fps, 20))))
     return path
+
+
+# ----------------------------------------------------------------------------- a Result's
+# columns drawn and converted (Result.plot, to_pandas, to_xarray)
+
+PER_HEAD = re.compile(r"^(.+)_h(\d+)$")   # a per-head column: <quantity>_h<head>
+LINE_STYLES = ("-", "--", ":", "-.")   # per column when replicas take the colours
+
+
+def plot_columns(result, *columns: str, ax=None):
+    """Columns against time, one panel each (per-head quantities by base name, e.g. "energy_rate"
+    draws energy_rate_h0, energy_rate_h1, ...); default eps, energy and clusters where logged.
+    Returns the matplotlib figure (or that of ``ax``): a notebook shows it once, as the cell's
+    value; it is not left open in pyplot (a script saves it with ``fig.savefig``)."""
+    columns = columns or tuple(c for c in ("eps", "energy", "clusters") if c in result.data
+                               and np.isfinite(result.data[c]).any())
+    if not columns:
+        raise ParticlesUserError(f"Result.plot: name columns to draw; columns: {', '.join(result.data)}")
+    panels = []
+    for c in columns:
+        names = [c] if c in result.data else sorted(
+            (k for k in result.data if (m := PER_HEAD.match(k)) and m.group(1) == c),
+            key=lambda k: int(PER_HEAD.match(k).group(2)))
+        if not names:
+            raise ParticlesUserError(f"Result.plot: no column {c!r}; columns: {', '.join(result.data)}")
+        panels.append((c, names))
+    if ax is None:
+        import matplotlib.pyplot as plt
+        # made by pyplot, which loads the backend (in Jupyter the inline one, which displays a
+        # figure that is a cell's value), then let go of, so it is not displayed a second time
+        fig = plt.figure(figsize=(6, 2.2 * len(panels)), layout="constrained")   # labels kept inside
+        plt.close(fig)
+        axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    else:
+        axes = np.atleast_1d(ax)
+        fig = axes[0].figure
+    x = result.data.get("time", np.arange(len(result)))
+    members = _replica_lines(result)
+    for a, (c, names) in zip(axes, panels):
+        positive = True
+        for i, k in enumerate(names):
+            for rows, label, color in members:
+                y = result.data[k][rows]
+                ok = np.isfinite(y)
+                positive &= bool((y[ok] > 0).all())
+                parts = [p for p in (k if len(names) > 1 else None, label) if p]
+                a.plot(x[rows][ok], y[ok], label=", ".join(parts) or None, color=color,
+                       ls=LINE_STYLES[i % len(LINE_STYLES)] if color is not None else "-")
+        a.set_ylabel(c)
+        if c in ("eps", "clusters") and positive:
+            a.set_yscale("log")
+        if len(names) * len(members) > 1:
+            a.legend(fontsize=7, ncol=1 if len(names) * len(members) <= 6 else 2)
+    axes[-1].set_xlabel("time" if "time" in result.data else "row")
+    return fig
+
+
+def _replica_lines(result) -> list[tuple[np.ndarray | slice, str | None, object]]:
+    """(rows, label, colour) per replica: 'β = 3' where the betas are known (colours ordered
+    by beta on a sequential map), else 'replica r'; one entry (all rows, no label, the
+    default colour) without an ensemble."""
+    if "replica" not in result.data:
+        return [(slice(None), None, None)]
+    from matplotlib import colormaps
+    replica = result.data["replica"]
+    ids = np.unique(replica)
+    betas = result.betas
+    known = betas is not None and len(betas) > int(ids.max())
+    order = np.argsort(np.argsort(betas[ids])) if known else np.arange(len(ids))
+    shades = colormaps["viridis"](np.linspace(0.0, 0.85, max(len(ids), 2)))
+    return [(replica == r, f"\u03b2 = {betas[r]:g}" if known else f"replica {r}", shades[order[i]])
+            for i, r in enumerate(ids)]
+
+
+def result_to_pandas(result):
+    """The columns as a pandas DataFrame (pandas is optional: ImportError names it)."""
+    try:
+        import pandas as pd
+    except ImportError:
+        raise ImportError("Result.to_pandas needs pandas (pip install pandas); the columns are "
+                          "NumPy arrays in result[name] without it") from None
+    return pd.DataFrame(result.data)
+
+
+def result_to_xarray(result):
+    """The columns as an xarray Dataset with dims (step[, replica][, head]): per-head columns
+    ``<q>_h<h>`` become one variable ``q`` along ``head``; ``time`` is a coordinate of ``step``.
+    xarray is optional: ImportError names it."""
+    try:
+        import xarray as xr
+    except ImportError:
+        raise ImportError("Result.to_xarray needs xarray (pip install xarray); the columns are "
+                          "NumPy arrays in result[name] without it") from None
+    steps = np.unique(result.data["step"]) if "step" in result.data else np.arange(len(result))
+    ensemble = "replica" in result.data
+    replicas = np.unique(result.data["replica"]) if ensemble else None
+    shape = (len(steps), len(replicas)) if ensemble else (len(steps),)
+    dims = ("step", "replica") if ensemble else ("step",)
+    if int(np.prod(shape)) != len(result):
+        raise ParticlesUserError(f"Result.to_xarray: {len(result)} rows do not form a (step, replica) grid {shape}")
+    heads: dict[str, dict[int, np.ndarray]] = {}
+    variables = {}
+    for name, values in result.data.items():
+        if name in ("step", "replica", "time"):
+            continue
+        m = PER_HEAD.match(name)
+        if m:
+            heads.setdefault(m.group(1), {})[int(m.group(2))] = values.reshape(shape)
+        else:
+            variables[name] = (dims, values.reshape(shape))
+    for base, per in heads.items():
+        H = max(per) + 1
+        stack = np.stack([per.get(h, np.full(shape, np.nan)) for h in range(H)], axis=-1)
+        variables[base] = (dims + ("head",), stack)
+    coords = {"step": steps}
+    if "time" in result.data:
+        coords["time"] = ("step", result.data["time"].reshape(shape)[(slice(None),) + (0,) * (len(shape) - 1)])
+    if ensemble:
+        coords["replica"] = replicas
+    betas = result.betas
+    if betas is not None and ensemble and len(betas) > int(replicas.max()):
+        coords["beta"] = ("replica", betas[replicas])   # each replica's inverse temperature
+    elif betas is not None and not ensemble and len(betas) == 1:
+        coords["beta"] = float(betas[0])
+    if heads:
+        coords["head"] = np.arange(max(max(p) + 1 for p in heads.values()))
+    return xr.Dataset(variables, coords=coords)
