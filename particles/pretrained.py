@@ -57,6 +57,7 @@ import stat
 import struct
 import sys
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -145,7 +146,6 @@ def _installed_package(name: str) -> tuple[Path | None, Path | None]:
                 return found, candidate
             package = package or candidate
     try:
-        from importlib import metadata
         dist = metadata.distribution(parts[0].replace("_", "-"))
         files = list(dist.files or ())
     except Exception:  # noqa: BLE001 - absent, or metadata that cannot be read: not installed

@@ -40,7 +40,7 @@ KNOWN_CYCLES = set()
 KNOWN_PRIVATE = set()
 # function-local imports in the core and scenes, per module (each a way around a cycle or a
 # slow import; none may be added)
-KNOWN_LOCAL_IMPORTS = {"particles.pretrained": 1, "particles.result": 1}
+KNOWN_LOCAL_IMPORTS = {"particles.result": 1}
 # modules that promise never to start Taichi (the scene schema, the renderer, the file formats
 # and the engine's Taichi-free tables)
 TAICHI_FREE = ("scenes", "render", "particles", "particles.heads", "particles.attention", "particles.rules",
