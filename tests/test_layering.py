@@ -29,17 +29,18 @@ PACKAGES = ("particles", "scenes", "render")
 MODULE_STRING = re.compile(r"^(particles|scenes|render)(\.\w+)*$")
 
 # the core's doors to the application layer, imported by string on first use: the
-# notebook's entry points on the package (particles.run_scene, ...) and Result's drawing
+# notebook's entry points on the package (particles.run_scene, ...) and Result's drawing and
+# conversions. They stay: the package is lazy so that `import particles` never starts Taichi,
+# and a core class cannot name the app layer otherwise without breaking the documented API
 DOORS = {
     ("particles", "particles.app.run"),
     ("particles", "particles.app.build"),
     ("particles.result", "particles.app.notebook"),
 }
-# forbidden, and still there (each a follow-up of issue 33)
+# forbidden: none is left (a new one fails)
 KNOWN_CYCLES = set()
 KNOWN_PRIVATE = set()
-# function-local imports in the core and scenes, per module (each a way around a cycle or a
-# slow import; none may be added)
+# function-local imports in the core and scenes, per module: the Result door's alone
 KNOWN_LOCAL_IMPORTS = {"particles.result": 1}
 # modules that promise never to start Taichi (the scene schema, the renderer, the file formats
 # and the engine's Taichi-free tables)
