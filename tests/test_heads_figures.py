@@ -43,3 +43,12 @@ def test_cli_heads_with_a_text_draws_attention_maps_and_signed_scales(tmp_path, 
     cmap, limits, value, _ = FIGURE_SCALES["value_alignment"]
     assert (cmap, limits, value) == ("RdBu_r", (-1.0, 1.0), 1.0)      # a signed cosine: diverging, V = M at 1
     assert FIGURE_SCALES["asymmetry"][1:3] == ((0.0, None), 0.0)      # symmetric M at the foot
+
+
+def test_depth_figure_sets_the_flow_beside_the_models_hidden_states(tmp_path):
+    from particles.app.heads_cli import depth_figure
+    make_checkpoint(tmp_path / "m", "bert", d=8, H=2, dtype=np.float64)
+    hidden = P.hidden_states(tmp_path / "m", "the cat sat")
+    paths, rows = depth_figure(hidden, hidden[:1] * len(hidden), ["a"] * 5, tmp_path / "depth", "t")
+    assert paths[0].stat().st_size > 10_000 and len(rows) == 2
+    assert all(r["gram"] == r["gram_stay"] and r["cosine"] == r["cosine_stay"] for r in rows)

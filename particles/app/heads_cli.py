@@ -159,6 +159,49 @@ def attention_figure(ck, layers, text: str, beta: float, stem: Path, fold_layern
     return save_png_svg(fig, stem), tv
 
 
+def depth_figure(hidden, flow, strings, stem: Path, title: str):
+    """depth.png: the model's token geometry after each layer (cos(h_i, h_j) of the hidden
+    states, top row) above the flow's at each layer's end (bottom row), and per layer the
+    mean |difference| of the two cosine matrices and the mean token cosine, each beside the
+    same for tokens left at the start (``pretrained.depth_agreement``). n x n: a figure's."""
+    import numpy as np
+    from particles import pretrained as P
+    from render.figures import new_figure, save_png_svg
+    rows = P.depth_agreement(hidden, flow)
+    L, n = len(hidden), len(strings)
+
+    def gram(a):
+        a = np.asarray(a, dtype=np.float64)
+        a = a / np.linalg.norm(a, axis=1, keepdims=True)
+        return a @ a.T
+    fig = new_figure(1.9 * L + 1.0, 1.9 * 2 + 2.6, dpi=100)
+    grid = fig.add_gridspec(3, L, height_ratios=[1, 1, 1.2])
+    labels = [s if len(s) <= 8 else s[:7] + "\u2026" for s in strings]
+    im = None
+    for l in range(L):
+        for r, (what, states) in enumerate((("model", hidden), ("flow", flow))):
+            ax = fig.add_subplot(grid[r, l])
+            im = ax.imshow(gram(states[l]), cmap="RdBu_r", vmin=-1.0, vmax=1.0, interpolation="nearest")
+            ax.set_title(f"{what}, {'input' if l == 0 else f'after layer {l - 1}'}", fontsize=8)
+            ax.set_xticks(range(n), labels if n <= 16 else [], fontsize=4, rotation=90)
+            ax.set_yticks(range(n), labels if n <= 16 and l == 0 else [], fontsize=4)
+    fig.colorbar(im, ax=fig.axes, shrink=0.5, label="cos(token i, token j)")
+    ax = fig.add_subplot(grid[2, :])
+    layers = [r["layer"] for r in rows]
+    for key, style, label in (("gram", "-o", "flow: mean |cos matrix - model's|"),
+                              ("gram_stay", "--o", "tokens left at the input: the same"),
+                              ("cosine", "-s", "flow: mean cos(token, model's token)"),
+                              ("cosine_stay", "--s", "tokens left at the input: the same")):
+        ax.plot(layers, [r[key] for r in rows], style, label=label)
+    ax.set_xlabel("after layer (the flow: at t = (layer + 1) x its time per layer)")
+    ax.set_xticks(layers, [str(l - 1) for l in layers])
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.suptitle(title, fontsize=10)
+    return save_png_svg(fig, stem), rows
+
+
 def cmd_heads(args) -> int:
     from particles import pretrained as P
     try:
