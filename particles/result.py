@@ -1,6 +1,7 @@
 """Results as NumPy arrays: what ``Simulation.run`` returns and ``load_trajectory`` reads."""
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -127,7 +128,6 @@ def _app(name: str):
     """A function of the application layer (particles.app.notebook), which alone may use the
     renderer and the optional converters: the core imports neither, so these methods are the
     notebook's door to them (as ``particles.run_scene`` is), imported on first use."""
-    import importlib
     return getattr(importlib.import_module("particles.app.notebook"), name)
 
 

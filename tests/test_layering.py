@@ -40,8 +40,8 @@ DOORS = {
 # forbidden: none is left (a new one fails)
 KNOWN_CYCLES = set()
 KNOWN_PRIVATE = set()
-# function-local imports in the core and scenes, per module: the Result door's alone
-KNOWN_LOCAL_IMPORTS = {"particles.result": 1}
+# function-local imports in the core and scenes, per module: none is left
+KNOWN_LOCAL_IMPORTS = {}
 # modules that promise never to start Taichi (the scene schema, the renderer, the file formats
 # and the engine's Taichi-free tables)
 TAICHI_FREE = ("scenes", "render", "particles", "particles.heads", "particles.attention", "particles.rules",
