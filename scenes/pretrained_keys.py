@@ -101,7 +101,9 @@ def head_entry(sec, base_dir, d) -> None:
                                        _select)) if sec.has("select") else None
     fold = sec.take("fold_layernorm", S.boolean(), False)
     biases = sec.take("biases", S.choice(*BIASES), "keep")
-    rotary = sec.take("rotary", S.choice(*ROTARY), "keep")
+    # "refuse" (the old default, recorded in older runs' scene.toml): "keep" for a model without
+    # rotary positions; for one with them it is refused below, naming the choices
+    rotary = sec.take("rotary", S.choice(*ROTARY, "refuse"), "keep")
     theta = sec.take("rotary_theta", S.number(), store=False) if sec.has("rotary_theta") else None
     pairs = sec.take("rotary_pairs", S.string(), store=False) if sec.has("rotary_pairs") else None
     value_from = sec.take("value_from", S.choice(*VALUE_FROM), "weights")
@@ -109,7 +111,8 @@ def head_entry(sec, base_dir, d) -> None:
     if S.MISSING in (model, layer, select, fold, rotary, value_from, biases):
         return
     try:
-        lh = pretrained.load_heads(model, layer, select, fold, rotary, value_from, biases)
+        lh = pretrained.load_heads(model, layer, select, fold,
+                                   "keep" if rotary == "refuse" else rotary, value_from, biases)
     except pretrained.PretrainedError as exc:
         _problem(sec, exc, "model")
         return
@@ -122,6 +125,11 @@ def head_entry(sec, base_dir, d) -> None:
                              f"d = {lh.heads[0].dim} or init = 'text' with this model")
     if lh.causal and not sec.has("mask"):
         sec.out["mask"] = "causal"
+    if rotary == "refuse" and lh.rotary is not None:
+        sec.problem("rotary", "'refuse' is no longer a choice: rotary positions are carried "
+                              "exactly; give 'keep' (the default) or 'drop'")
+    if rotary == "refuse":
+        sec.out["rotary"] = "keep"
     got = (None, None) if lh.rotary is None else (lh.rotary.theta, lh.rotary.pairs)
     for key, given, value in (("rotary_theta", theta, got[0]), ("rotary_pairs", pairs, got[1])):
         if given not in (None, S.MISSING) and given != value:   # a run's scene.toml records them

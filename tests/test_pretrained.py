@@ -792,6 +792,14 @@ def test_scene_of_a_causal_model_gets_the_causal_mask(tmp_path):
     assert scene.data["heads"]["mask"] == "causal" and "rotary_theta" not in scene.data["heads"]
 
 
+def test_an_older_runs_rotary_refuse_still_loads_where_the_model_has_no_rotary(tmp_path):
+    """Older runs recorded rotary = "refuse" (the old default) in their scene.toml."""
+    from scenes import SceneError
+    assert _scene(tmp_path, heads={"rotary": "refuse"}).data["heads"]["rotary"] == "keep"
+    with pytest.raises(SceneError, match=r"rotary: 'refuse' is no longer a choice"):
+        _scene(tmp_path / "l", layout="llama", heads={"rotary": "refuse"})
+
+
 def test_scene_of_a_llama_model_carries_rotary_and_biases_into_the_simulation(tmp_path):
     """A pretrained scene keeps the layer's biases and rotary positions by default: the built
     Simulation's first velocity is the layer's full attention output (on the sphere)."""
