@@ -30,7 +30,7 @@ import time
 import numpy as np
 from scipy.integrate import solve_ivp
 
-from particles import Adaptive, machine
+from particles import Adaptive, backend
 from particles.simulation import Simulation
 
 TARGETS = (1e-6, 1e-8)
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     p.add_argument("--beta", type=float, default=9.0)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    cpu = machine.fingerprint()
+    cpu = backend.fingerprint()
     print(f"CPU: {cpu.get('model', cpu)}; taichi {cpu.get('taichi')}; d = 3, beta = {args.beta:g}, "
           f"t_end = {args.t_end:g}, float64; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
           "cores", flush=True)

@@ -27,6 +27,7 @@ steps it would take alone, to the bit. The controller's state (the proposed step
 last accepted error per replica) is what a checkpoint keeps (``state``/``restore``), so a
 resumed run that stops where the uninterrupted one stops continues bitwise.
 """
+import dataclasses
 import math
 
 import numpy as np
@@ -45,6 +46,31 @@ STEP_FLOOR = 1e-12  # with dt_min = 0, a step below this fraction of the grid dt
 
 
 _KERNELS: dict = {}
+
+
+class Evaluator:
+    """The velocity at any point into any buffer, on the simulation's path: the per-kernel
+    passes, or the fused kernel's evaluation (a launch of zero steps reads ``x`` and writes
+    ``xdot`` of the operands it is given). ``observe``: the point is the current state, whose
+    row is recorded (the first stage)."""
+
+    def __init__(self, sim):
+        self.sim = sim
+        self._operands = {}   # (layer, x, xdot) -> the layer's operands pointed at them
+
+    def __call__(self, x, xdot, observe: bool) -> None:
+        sim = self.sim
+        if sim._fused is None:
+            sim._ops.evaluate(x, xdot, observe)
+            sim._ops.after_first_stage(observe)
+            return
+        key = (sim.layer, id(x), id(xdot))
+        ops = self._operands.get(key)
+        if ops is None:
+            ops = self._operands[key] = dataclasses.replace(sim._operands, x=x, xdot=xdot)
+        sim._fused(ops, sim.dt, sim.step_count, 0, 0, observe, len(sim._pending) if observe else 0)
+        if observe:
+            sim._logged_fused(sim.step_count, 1, 1)
 
 
 def _kernels(real, d: int, serial: bool):
@@ -197,6 +223,7 @@ class Stepper:
         self.evaluations = 0
         self.first_slope_at = None   # (step, layer) whose velocity the first slope holds
         self.observed_at = None      # (step, layer) whose row sim.observe() has recorded
+        self.evaluate = Evaluator(sim)
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -287,7 +314,7 @@ class Stepper:
             sim.step_count = stop
 
     def _evaluate(self, x, k, observe: bool) -> None:
-        self.sim._ops.evaluate(x, k, observe)
+        self.evaluate(x, k, observe)
         self.evaluations += 1
 
     def _piece(self, length: float, observe: bool) -> None:
@@ -300,8 +327,7 @@ class Stepper:
         S = len(k)
         here = (sim.step_count, sim.layer)
         if observe and self.observed_at != here:
-            self._evaluate(sim._x, k[0], True)
-            sim._after_first_stage(True)
+            self._evaluate(sim._x, k[0], True)   # and the row of this state
             self.first_slope_at = here
         elif self.first_slope_at != here:
             self._evaluate(sim._x, k[0], False)

@@ -20,6 +20,7 @@ logged state come from the first evaluation, as with the Runge-Kutta stepping.
 import numpy as np
 import taichi as ti
 
+from .adaptive import Evaluator
 from .errors import ParticlesUserError
 
 _KERNELS: dict = {}
@@ -82,6 +83,7 @@ class LieStepper:
         self.v1 = ti.ndarray(real, shape=shape) if self.two_stage else None
         self.evaluations = 0
         self.observed_at = None
+        self.evaluate = Evaluator(sim)
         self.rotate(sim._stage_x, sim._x, sim._x, self.v0, 0.0)   # compile now (c = 0: a copy)
 
     def forget(self, keep_row: bool = False) -> None:
@@ -109,14 +111,13 @@ class LieStepper:
                 sim._use_layer(sim.schedule.layer_at(sim.step_count))
             observe = observe_every > 0 and sim.step_count % observe_every == 0
             if not (observe and self.observed_at == (sim.step_count, sim.layer)):
-                sim._ops.evaluate(sim._x, self.v0, observe)
-                sim._ops.after_first_stage(observe)
+                self.evaluate(sim._x, self.v0, observe)
                 self.evaluations += 1
             self.observed_at = None
             x = sim._x
             if self.two_stage:
                 self.rotate(self.y, x, x, self.v0, h)
-                sim._ops.evaluate(self.y, self.v1, False)
+                self.evaluate(self.y, self.v1, False)
                 self.evaluations += 1
                 self.rotate(x, x, x, self.v0, 0.5 * h)
                 self.rotate(x, x, self.y, self.v1, 0.5 * h)

@@ -206,7 +206,7 @@ SINKHORN = Implementation("sinkhorn", frozenset({"sinkhorn"}), mixed_rules=True,
 SPECS = (
     PathSpec("fused", rules=frozenset({"exponential", "kernel"}), positions=False, layers=False,
              entropy_rate=False, cpu_only=True, max_rank=FUSED_MAX_RANK, max_d=FUSED_MAX_D,
-             implementations=(FUSED,), adaptive=False),
+             implementations=(FUSED,)),
     PathSpec("tiled", rules=_ALL_RULES, positions=True, layers=True, entropy_rate=True, cpu_only=False,
              implementations=(WIDE, FAST, GPU, PLAIN, SINKHORN), head_terms=True, normalisations=_NORMALISATIONS),
     PathSpec("plain", rules=_ALL_RULES, positions=True, layers=True, entropy_rate=True, cpu_only=False,

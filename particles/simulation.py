@@ -18,7 +18,7 @@ from .drive import AT_END, Every, Rows, drive
 from .heads import Head
 from .kernels_wide import WideHeads
 from .layout import Operands
-from .integrators import ExplicitRK, split as split_integrator
+from .integrators import EULER, ExplicitRK, split as split_integrator
 from .observables import assemble_rows
 from .result import Result, progress_bar, token_keeper
 from .rule_check import check_rule_compiles
@@ -147,6 +147,7 @@ class Simulation:
         dtype = validation.choice("dtype", dtype, DTYPES)
         method, self.adaptive = split_integrator(integrator)
         self.retraction = validation.choice("retraction", retraction, ("normalise", "exp"))
+        self.stepper_kind = "adaptive" if self.adaptive is not None else "exp" if self.retraction == "exp" else None
         if self.retraction == "exp" and self.adaptive is not None:
             raise ParticlesUserError("retraction 'exp' steps with 'euler' or 'heun' at a fixed dt; "
                                      "adaptive steps renormalise (retraction 'normalise')")
@@ -275,8 +276,9 @@ class Simulation:
         self._use_layer(0)
         self._fused = None
         if self.plan.steps:
-            self._fused = paths.factory(self.plan.implementations[0].name)(
-                self.rule, geometry, dtype, d, H, r, rv, self.integrator, R, n)
+            self._fused = paths.factory(self.plan.implementations[0].name)(   # adaptive and exp
+                self.rule, geometry, dtype, d, H, r, rv,                      # steps evaluate only
+                self.integrator if self.stepper_kind is None else EULER, R, n)
         # the integrator's slope buffers (integrators.ExplicitRK.slope_slots), xdot the first;
         # the fused kernel keeps its own
         self._slopes = [self._xdot] + [arr(R, n, d) for _ in range(
@@ -435,8 +437,8 @@ class Simulation:
             self._fused(self._operands, self.dt, self.step_count, 0, 0, False, 0)
         else:
             self._evaluate(self._x, self._xdot, False)
-            if self.stepper is not None:
-                self.stepper.forget(keep_row=True)
+        if self.stepper is not None:
+            self.stepper.forget(keep_row=True)
         v = self._xdot.to_numpy().astype(np.float64)
         return v if self.ensemble else v[0]
 
@@ -473,9 +475,9 @@ class Simulation:
         if self._fused is not None:
             self._fused(self._operands, self.dt, self.step_count, 0, 0, True, len(self._pending))
             self._logged_fused(self.step_count, 1, 1)
-            return
-        self._evaluate(self._x, self._xdot, True)
-        self._after_first_stage(True)
+        else:
+            self._evaluate(self._x, self._xdot, True)
+            self._after_first_stage(True)
         if self.stepper is not None:   # the step from here reuses this evaluation and its row
             self.stepper.observed()
 

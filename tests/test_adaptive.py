@@ -95,12 +95,23 @@ def test_embedded_weights_satisfy_their_order_conditions():
     assert not integrators.RK4.fsal
 
 
-def test_the_fused_path_refuses_adaptive_steps_and_auto_takes_tiled():
+def test_adaptive_steps_on_the_fused_path_match_the_tiled_path():
+    """auto takes the fused path at small n (one launch per evaluation); both paths take the
+    same steps and agree to rounding."""
+    x, heads = random_tokens(16, 3, seed=4), general_heads(2, 3, seed=4)
+    out = {}
+    for path in ("auto", "tiled"):
+        sim = Simulation(x, heads, beta=4.0, rule="softmax", dt=0.5, dtype="float64", path=path,
+                         integrator=Adaptive("dopri5", rtol=1e-8, atol=1e-8))
+        sim.advance(8)
+        out[sim.path] = (sim.tokens, sim.stepper.stats()["accepted"])
+    assert set(out) == {"fused", "tiled"} and out["fused"][1] == out["tiled"][1]
+    assert np.max(np.abs(out["fused"][0] - out["tiled"][0])) < 1e-12
+
+
+def test_bad_adaptive_settings_are_refused():
     x, heads = random_tokens(8, 3), general_heads(1, 3)
-    with pytest.raises(ValueError, match="path 'fused' cannot serve .*adaptive steps"):
-        Simulation(x, heads, integrator="dopri5", path="fused")
-    sim = Simulation(x, heads, integrator="dopri5")
-    assert sim.path == "tiled" and sim.adaptive == Adaptive("dopri5")
+    assert Simulation(x, heads, integrator="dopri5").adaptive == Adaptive("dopri5")
     with pytest.raises(ValueError, match="rtol = 1e-09 is below what float32 resolves"):
         Simulation(x, heads, integrator=Adaptive("bs32", rtol=1e-9))
     with pytest.raises(ValueError, match="has no embedded weights"):
@@ -133,19 +144,21 @@ def test_adaptive_error_on_the_equiangular_ode_over_a_long_time():
     assert stats["accepted"][0] < 400 and stats["dt_next"][0] > 0.3, stats
 
 
-def test_each_replica_takes_its_own_steps_and_matches_its_run_alone():
+@pytest.mark.parametrize("path", ["fused", "tiled"])
+def test_each_replica_takes_its_own_steps_and_matches_its_run_alone(path):
     """Three betas in one ensemble: their step counts differ (the cold one takes fewest) and each
     replica's final tokens and counts are bitwise those of the same run alone."""
     x, heads = random_tokens(10, 3, seed=5), general_heads(2, 3, seed=5)
     betas = [0.5, 3.0, 9.0]
     method = Adaptive("dopri5", rtol=1e-7, atol=1e-7)
     ens = Simulation(np.stack([x] * 3), heads, beta=betas, rule="softmax", dt=0.25, integrator=method,
-                     dtype="float64")
+                     dtype="float64", path=path)
     result = ens.run(24, every=4)
     counts = ens.stepper.stats()
     assert len(set(counts["accepted"])) == 3 and counts["accepted"][0] < counts["accepted"][2], counts
     for r, beta in enumerate(betas):
-        alone = Simulation(x, heads, beta=beta, rule="softmax", dt=0.25, integrator=method, dtype="float64")
+        alone = Simulation(x, heads, beta=beta, rule="softmax", dt=0.25, integrator=method, dtype="float64",
+                           path=path)
         mine = alone.run(24, every=4)
         assert np.array_equal(alone.tokens, ens.tokens[r])
         assert alone.stepper.stats()["accepted"] == [counts["accepted"][r]]
