@@ -11,10 +11,10 @@ same commit as the change that explains it.
 import pytest
 
 import golden_runs
-from particles import machine
+from particles import backend, machine
 
 def _bitwise_here() -> bool:
-    return golden_runs.same_machine(golden_runs.recorded_machine(), machine.fingerprint())
+    return golden_runs.same_machine(golden_runs.recorded_machine(), backend.fingerprint())
 
 
 def _mode_line(bitwise: bool) -> str:
@@ -24,7 +24,7 @@ def _mode_line(bitwise: bool) -> str:
     tol = ", ".join(f"{k} rtol {v:g}" for k, v in golden_runs.RTOL.items())
     return (f"golden runs compared to the dtype's tolerance ({tol}): recorded on "
             f"{machine.describe(recorded) if recorded else 'an unrecorded machine'}, this is "
-            f"{machine.describe(machine.fingerprint())}")
+            f"{machine.describe(backend.fingerprint())}")
 
 
 @pytest.mark.parametrize("name", golden_runs.NAMES)

@@ -84,14 +84,14 @@ observables = ["eps"]
 
 
 def test_a_sweep_keeps_one_set_of_tiles_for_every_unit_and_attempt(tmp_path, monkeypatch):
-    from particles import machine
+    from particles import backend, machine
     from particles.app.sweep import run_sweep
     from particles.app.sweep.executors import run_unit
     from particles.app.sweep.spec import load_sweep
     from particles.app.sweep.store import read_meta
     cache = tmp_path / "tuning.json"
     key = "wide float64 d=3 r=3 rv=3 softmax n~512"
-    mine = machine.describe(machine.fingerprint())
+    mine = machine.describe(backend.fingerprint())
     cache.write_text(json.dumps({f"{mine} | {key}": {"choice": "4x3x6"}}))
     monkeypatch.setenv("PARTICLES_TUNING_CACHE", str(cache))
     monkeypatch.setenv("PARTICLES_TUNING", "measure")
