@@ -17,14 +17,14 @@ import numpy as np
 import taichi as ti
 
 from . import paths
+from .kernel_math import UNROLL_MAX_D
 from .layout import Operands
 
 
 @lru_cache(maxsize=None)
-def _kernels(dtype: str, d: int, H: int, r: int, rv: int):
+def _kernels(dtype: str, H: int, r: int, rv: int):
     real = ti.f32 if dtype == "float32" else ti.f64
     arr1 = ti.types.ndarray(dtype=real, ndim=1)
-    arr2 = ti.types.ndarray(dtype=real, ndim=2)
     arr3 = ti.types.ndarray(dtype=real, ndim=3)
     arr4 = ti.types.ndarray(dtype=real, ndim=4)
     hint_t = ti.types.ndarray(dtype=ti.i32, ndim=2)
@@ -32,8 +32,12 @@ def _kernels(dtype: str, d: int, H: int, r: int, rv: int):
     @ti.func
     def score(q: ti.template(), k: ti.template(), b, h, i, j, bt):
         s = ti.cast(0, real)
-        for a in ti.static(range(r)):
-            s += q[b, h, i, a] * k[b, h, j, a]
+        if ti.static(r <= UNROLL_MAX_D):
+            for a in ti.static(range(r)):
+                s += q[b, h, i, a] * k[b, h, j, a]
+        else:   # a runtime loop: ranks up to d = 384 compile quickly
+            for a in range(r):
+                s += q[b, h, i, a] * k[b, h, j, a]
         return bt * s
 
     @ti.kernel
@@ -71,24 +75,21 @@ def _kernels(dtype: str, d: int, H: int, r: int, rv: int):
                 ti.atomic_max(err[0], ti.abs(ti.exp(g[b, h, j] + lse) - 1))  # max: order-free
 
     @ti.kernel
-    def outputs(q: arr4, k: arr4, u: arr4, O: arr3, beta: arr1, hint: hint_t, f: arr3, g: arr3,
-                out: arr4, row: arr4):
-        """f^h_i = O_h sum_j P_ij u_j; row: (0, 1, the row's entropy, 0: no energy)."""
+    def outputs(q: arr4, k: arr4, u: arr4, beta: arr1, hint: hint_t, f: arr3, g: arr3,
+                pulls: arr4, row: arr4):
+        """pulls_i = sum_j P_ij u_j (the plain kernels' head_out applies O_h); row: (0, 1, the
+        row's entropy, 0: no energy)."""
         for b, h, i in ti.ndrange(q.shape[0], H, q.shape[2]):
             if hint[h, 2] == 1:
-                acc = ti.Vector.zero(real, rv)
+                for a in range(rv):
+                    pulls[b, h, i, a] = 0
                 entropy = ti.cast(0, real)
                 for j in range(q.shape[2]):
                     logp = f[b, h, i] + score(q, k, b, h, i, j, beta[b]) + g[b, h, j]
                     p = ti.exp(logp)
                     entropy -= p * logp
-                    for a in ti.static(range(rv)):
-                        acc[a] += p * u[b, h, j, a]
-                for e in ti.static(range(d)):
-                    s = ti.cast(0, real)
-                    for a in ti.static(range(rv)):
-                        s += O[h, e, a] * acc[a]
-                    out[b, h, i, e] = s
+                    for a in range(rv):
+                        pulls[b, h, i, a] += p * u[b, h, j, a]
                 row[b, h, i, 0] = 0
                 row[b, h, i, 1] = 1
                 row[b, h, i, 2] = entropy
@@ -105,10 +106,10 @@ class SinkhornHeads:
 
     def __init__(self, kern, R: int, n: int, keep_qk: bool):
         self.kern = kern
-        rule, dtype, d, H, r, rv, _ = kern.gpu_spec
+        rule, dtype, _, H, r, rv, _ = kern.gpu_spec
         self.max_iterations, self.tolerance = int(rule.iterations), float(rule.tolerance)
         real = ti.f32 if dtype == "float32" else ti.f64
-        self._rows, self._columns, self._outputs = _kernels(dtype, d, H, r, rv)
+        self._rows, self._columns, self._outputs = _kernels(dtype, H, r, rv)
         self.f = ti.ndarray(real, shape=(R, H, n))
         self.g = ti.ndarray(real, shape=(R, H, n))
         self.g_new = ti.ndarray(real, shape=(R, H, n))
@@ -129,7 +130,8 @@ class SinkhornHeads:
             self._rows(ops.q, ops.k, ops.beta, hint, self.f, self.g)
             taken += 1
         self.iterations = taken
-        self._outputs(ops.q, ops.k, ops.u, ops.O, ops.beta, hint, self.f, self.g, ops.f, ops.row)
+        self._outputs(ops.q, ops.k, ops.u, ops.beta, hint, self.f, self.g, ops.g, ops.row)
+        self.kern.head_out(ops.g, ops.O, ops.f)   # every head's f from its pulls, as the plain pass
 
     def column_error(self, ops: Operands, hint) -> float:
         """max_j |sum_i P_ij - 1| of the weights the last evaluation used (one more pass)."""
