@@ -81,15 +81,26 @@ def _kernels(dtype: str, H: int, r: int, rv: int):
         row's entropy, 0: no energy)."""
         for b, h, i in ti.ndrange(q.shape[0], H, q.shape[2]):
             if hint[h, 2] == 1:
-                for a in range(rv):
-                    pulls[b, h, i, a] = 0
                 entropy = ti.cast(0, real)
-                for j in range(q.shape[2]):
-                    logp = f[b, h, i] + score(q, k, b, h, i, j, beta[b]) + g[b, h, j]
-                    p = ti.exp(logp)
-                    entropy -= p * logp
+                if ti.static(rv <= UNROLL_MAX_D):   # the row's pull in registers
+                    acc = ti.Vector.zero(real, rv)
+                    for j in range(q.shape[2]):
+                        logp = f[b, h, i] + score(q, k, b, h, i, j, beta[b]) + g[b, h, j]
+                        p = ti.exp(logp)
+                        entropy -= p * logp
+                        for a in ti.static(range(rv)):
+                            acc[a] += p * u[b, h, j, a]
+                    for a in ti.static(range(rv)):
+                        pulls[b, h, i, a] = acc[a]
+                else:
                     for a in range(rv):
-                        pulls[b, h, i, a] += p * u[b, h, j, a]
+                        pulls[b, h, i, a] = 0
+                    for j in range(q.shape[2]):
+                        logp = f[b, h, i] + score(q, k, b, h, i, j, beta[b]) + g[b, h, j]
+                        p = ti.exp(logp)
+                        entropy -= p * logp
+                        for a in range(rv):
+                            pulls[b, h, i, a] += p * u[b, h, j, a]
                 row[b, h, i, 0] = 0
                 row[b, h, i, 1] = 1
                 row[b, h, i, 2] = entropy

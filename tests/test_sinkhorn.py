@@ -122,3 +122,13 @@ def test_the_energy_is_nan_and_the_entropy_is_that_of_the_weights():
     entropy = -np.sum(P * np.log(P), axis=1)
     assert res["entropy_mean_h0"][0] == pytest.approx(entropy.mean(), rel=1e-12)
     assert res["entropy_max_h0"][0] == pytest.approx(entropy.max(), rel=1e-12)
+
+
+def test_ranks_above_the_unrolled_limit_run_their_loops_at_run_time():
+    """d = 72 > kernel_math.UNROLL_MAX_D: the score and pull loops are runtime loops."""
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(6, 72))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    heads = [(rng.normal(size=(72, 72)) / 8, rng.normal(size=(72, 72)) / 8)]
+    sim = Simulation(x, heads, beta=1.0, rule="sinkhorn", dtype="float64", path="plain")
+    np.testing.assert_allclose(sim.velocity(), reference_velocity(x, heads, 1.0, 20), rtol=0, atol=1e-12)
