@@ -30,3 +30,11 @@ def test_render_write_faults_are_exit_2(run_dir, tmp_path, capsys):
         err = " ".join(capsys.readouterr().err.split())
         assert code == 2 and says in err and "internal error" not in err, (out, err)
     assert main(["render", str(run_dir), "--out", str(tmp_path / "ok.mp4")]) == 0
+
+
+def test_a_view_the_run_cannot_show_is_the_user_s_error(run_dir, tmp_path, capsys):
+    """render raises a bare ValueError (it imports no core); the app turns it into the user's
+    error where it hands render the options: exit 2, one paragraph, no traceback."""
+    code = main(["render", str(run_dir), "--view", "circle", "--out", str(tmp_path / "c.mp4")])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2 and "view='circle' needs d=2" in err and "Traceback" not in err, err

@@ -181,8 +181,12 @@ def _probe_writable(path: Path) -> None:
 
 
 def _render_frames(path, cfg, scene, heads, meta, times, tokens, log, panel_keys, threshold, sim):
-    with Animation(path, cfg, run_info(scene, heads, meta["beta"][0]), t_end=float(times[-1]),
-                   final_tokens=tokens[-1]) as anim:
+    try:
+        anim = Animation(path, cfg, run_info(scene, heads, meta["beta"][0]), t_end=float(times[-1]),
+                         final_tokens=tokens[-1])
+    except ValueError as err:   # render (which imports no core) refuses settings it cannot draw
+        raise ParticlesUserError(f"{err} (the options given or [render] in the run's scene.toml)") from None
+    with anim:
         for x, t in zip(tokens, times):
             upto = log["time"] <= t + 1e-12
             values = None
