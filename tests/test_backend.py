@@ -53,14 +53,18 @@ def test_gpu_on_a_hardware_device_says_nothing(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
-def _build(path, **kw):
-    import numpy as np
+# test_engine's fast-tier cases on these paths (their kernels are cached once for both files)
+CASES = {"fused": dict(H=1, dtype="float64", geometry="sphere", integrator="euler"),
+         "tiled": dict(H=3, dtype="float32", geometry="flat", integrator="rk4")}
+
+
+def _build(path):
     from particles import Simulation
-    from conftest import random_tokens
-    rng = np.random.default_rng(1)
-    heads = [(rng.standard_normal((5, 5)) / 3, rng.standard_normal((5, 5)) / 3) for _ in range(2)]
-    return Simulation(random_tokens(24, 5, seed=2), heads, beta=1.0, dt=0.01, integrator="euler",
-                      dtype="float64", path=path, **kw)
+    from conftest import general_heads, random_tokens
+    case = CASES[path]
+    return Simulation(random_tokens(13, 5, seed=case["H"]), general_heads(case["H"], 5, seed=7), beta=1.3,
+                      rule="exp", geometry=case["geometry"], dt=0.05, integrator=case["integrator"],
+                      dtype=case["dtype"], path=path)
 
 
 @pytest.mark.parametrize("path, stages", [("fused", 2), ("tiled", 4)])
@@ -70,8 +74,9 @@ def test_a_long_build_says_what_it_compiles_for_which_sizes(monkeypatch, capsys,
     monkeypatch.setattr(backend, "BUILD_NOTICE_S", 0.0)
     sim = _build(path)
     err = capsys.readouterr().err
-    head = f"compiling kernels for n=24, d=5, H=2, rank r=5 (values 5), rule exp, float64, euler, " \
-           f"implementation {sim.plan.implementation} on cpu"
+    case = CASES[path]
+    head = (f"compiling kernels for n=13, d=5, H={case['H']}, rank r=5 (values 5), rule exp, {case['dtype']}, "
+            f"{case['integrator']}, implementation {sim.plan.implementation} on cpu")
     assert err.count(head) == 1, err
     assert f"({stages}/{stages}), " in err and "s so far" in err
     assert err.rstrip().splitlines()[-1].startswith("compiled in ")
