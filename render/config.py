@@ -146,6 +146,9 @@ class RunInfo:
     gradient_flow: Theorem 11's identity dE/dt = (1/n) sum |xdot_i|^2 holds, so the film draws
     the energy's rate and the kinetic term on one axis ("energy_rate" panel).
     alibi_slopes: the heads' ALiBi slopes m_h, named in the caption.
+    tangent_floor: rho_h is drawn only while T_h >= tangent_floor x T_h at the first row: below
+    it the tokens have stopped and rho_h, a ratio of round-off, says nothing (the summary judges
+    Condition 8 by the same floor).
     """
 
     name: str
@@ -165,6 +168,7 @@ class RunInfo:
     theory: dict | None = None
     gradient_flow: bool = False
     alibi_slopes: tuple | None = None
+    tangent_floor: float | None = None
     log_n: float = field(init=False)
 
     def __post_init__(self) -> None:

@@ -82,7 +82,8 @@ def _drawn_alike(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 PANEL_SCALARS = ("time", "energy", "kinetic", "gamma_bar", "layer")
-PANEL_PER_HEAD = ("energy_h", "radial_dominance_h", "entropy_mean_h")
+# tangent_power_h: not drawn, it decides where rho_h stops meaning anything (RunInfo.tangent_floor)
+PANEL_PER_HEAD = ("energy_h", "radial_dominance_h", "entropy_mean_h", "tangent_power_h")
 
 
 def is_panel_column(key: str) -> bool:
@@ -199,6 +200,7 @@ class Panel:
             ax.tick_params(labelbottom=True)
         self.refs = []
         self.note = None   # says why a panel stays empty (an energy that is NaN throughout)
+        self.note_drawn = False
         if name == "radial_dominance":
             below = info.c_star is not None      # two labels 0.2 decades apart: one above, one below
             self._reference(1.0, r" $\rho=1$", va="bottom" if below else "center")
@@ -359,6 +361,18 @@ class Panel:
         y = np.asarray(log[col], dtype=float).ravel()
         if y.size != t.size:
             raise ValueError(f"log column {col!r} has {y.size} rows but 'time' has {t.size}")
+        power_col = col.replace("radial_dominance_h", "tangent_power_h")
+        if col.startswith("radial_dominance_h") and self.info.tangent_floor and power_col in log:
+            power = np.asarray(log[power_col], dtype=float).ravel()
+            if power.size == y.size and y.size:
+                # once T_h has fallen below the floor the tokens have stopped: rho_h is noise
+                spent = np.cumsum(power < self.info.tangent_floor * power[0]) > 0
+                y = np.where(spent, np.nan, y)
+                if spent.any() and self.note is None:
+                    self.note = self.ax.text(0.99, 0.55, f"not drawn from t = {t[np.argmax(spent)]:.3g}: "
+                                             f"T_h < {self.info.tangent_floor:g} T_h(0)",
+                                             transform=self.ax.transAxes, ha="right", va="top",
+                                             fontsize=7, color="0.35")
         if self.name == "energy_rate" and col == "energy":
             dt, de = np.diff(t), np.diff(y)
             # a step of E within its float32 round-off is no rate: not drawn (the kinetic
@@ -410,6 +424,8 @@ class Panel:
                 dot.set_data([], [])
         dirty = self._mark_coincident(curves)
         dirty |= self._mark_layers(t, log)
+        if self.note is not None and not self.note_drawn:   # a note set while reading the curves
+            self.note_drawn = dirty = True
         refs = [r for r in self.refs if r > 0] if self.log_scale else self.refs
         if math.isfinite(lo):
             for r in refs:
@@ -422,7 +438,7 @@ class Panel:
                                      "(masked, biased or scheduled; docs/LOG.md)",
                                      transform=self.ax.transAxes, ha="center", va="center",
                                      fontsize=8, color="0.35")
-            dirty = True
+            self.note_drawn = dirty = True
         if t.size:
             t0, t1 = float(t[0]), float(t[-1])
             if self.xlim is None:

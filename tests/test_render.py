@@ -301,6 +301,28 @@ def test_an_energy_panel_without_a_potential_says_why_it_is_empty(tmp_path):
     assert not any("no potential" in text for text in notes["plain"])
 
 
+def test_radial_dominance_is_not_drawn_once_the_tokens_have_stopped(tmp_path):
+    """rho_h = R_h / T_h is a ratio of round-off once T_h has fallen below the summary's floor
+    (RunInfo.tangent_floor x T_h at the first row): from that row on the curve is not drawn,
+    and the panel says from when; a run whose T_h stays above the floor is drawn whole."""
+    times = np.linspace(0.0, 3.0, 4)
+    drawn = {}
+    for case, floor in (("floor", 1e-6), ("none", None)):
+        info = info_for(3, tangent_floor=floor)
+        log = fake_log(times, info.n_heads, info.n)
+        for h in range(info.n_heads):
+            log[f"tangent_power_h{h}"] = np.array([1.0, 1e-3, 1e-7, 1e-9])   # below 1e-6 from t = 2
+        xs = collapsing_tokens(info.n, 3, times.size)
+        with Animation(tmp_path / f"{case}.gif", RenderConfig(**SMALL), info, t_end=3.0) as anim:
+            for i, x in enumerate(xs):
+                anim.add_frame(x, float(times[i]), {k: v[: i + 1] for k, v in log.items()})
+            panel = next(p for p in anim._panels.panels if p.name == "radial_dominance")
+            drawn[case] = ([np.isfinite(np.asarray(line.get_ydata(), dtype=float)).sum()
+                            for line in panel.lines], [t.get_text() for t in panel.ax.texts])
+    assert drawn["floor"][0] == [2, 2] and any("not drawn from t = 2" in s for s in drawn["floor"][1])
+    assert drawn["none"][0] == [4, 4] and not any("not drawn" in s for s in drawn["none"][1])
+
+
 def test_scheduled_run_frames_name_the_layer(tmp_path):
     """A log with a `layer` column (a layer schedule): the title shows the layer of the frame."""
     info = info_for(3)

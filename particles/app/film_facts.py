@@ -11,6 +11,7 @@ import numpy as np
 from particles import theory
 
 from .build import head_attention
+from .summary import TANGENT_FLOOR
 
 ODE_POINTS = 400
 
@@ -53,13 +54,14 @@ def film_facts(scene, heads, beta: float) -> dict:
     gradient_flow  Theorem 11's identity dE/dt = (1/n) sum |xdot_i|^2 holds: the exp rule,
                    every V_h = M_h symmetric, no masks, positions or layers
     alibi_slopes   the heads' ALiBi slopes m_h, when any is non-zero
+    tangent_floor  the summary's floor on T_h below which rho_h is not judged, nor drawn
     """
     data, dyn = scene.data, scene.dynamics
     placement = data["dynamics"].get("normalisation", "post")   # the LayerNorm's place
     sphere = dyn.geometry == "sphere"
     plain = _plain(scene)
     lambdas = scalar_strengths(heads) if plain else None
-    facts: dict = {"claim": getattr(scene.render, "claim", "") or None}
+    facts: dict = {"claim": getattr(scene.render, "claim", "") or None, "tangent_floor": TANGENT_FLOOR}
     if lambdas is not None and len(lambdas) >= 2 and sphere:
         facts["c_star"] = float(theory.c_star(len(lambdas)))
     tokens = data["tokens"]

@@ -22,6 +22,7 @@ from particles.clusters import cluster_labels
 from particles.errors import ParticlesUserError
 
 from .figures import references
+from .summary import TANGENT_FLOOR
 
 NOTEBOOK_SIZE = (960, 540)   # the film in a notebook cell: wide enough for its panels
 CLUSTER_THRESHOLD = 0.99     # the scenes' default [log] cluster_threshold
@@ -99,7 +100,7 @@ def _info(meta: dict, x: np.ndarray, replica: int, t_end: float, n_heads: int | 
     return RunInfo(name=str(meta.get("scene", "simulation")), beta=float(betas[min(replica, len(betas) - 1)]),
                    rule=str(meta.get("rule", "?")), n_heads=int(meta.get("n_heads") or n_heads or 1),
                    n=x.shape[1], d=x.shape[2], geometry=meta.get("geometry", "sphere"),
-                   t_end=t_end if t_end > 0 else None)
+                   t_end=t_end if t_end > 0 else None, tangent_floor=TANGENT_FLOOR)
 
 
 def _config(x: np.ndarray, geometry: str, **render) -> RenderConfig:

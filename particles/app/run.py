@@ -387,7 +387,10 @@ class Runner:
                 k += 1
             path = self.video_path = path.with_name(f"{path.stem}.part{k}{path.suffix}")
         try:
-            anim = Animation(path, cfg, info, t_end=self.steps_total * sim.dt)
+            # a run with stop rules may end early: its panels' time axis grows with the run
+            # instead of reserving the planned span, most of which would stay empty
+            t_end = None if self.stop is not None else self.steps_total * sim.dt
+            anim = Animation(path, cfg, info, t_end=t_end)
         except ValueError as err:   # render (which imports no core) refuses settings it cannot draw
             raise ParticlesUserError(f"[render]: {err}") from None   # here: the scene's
         anim.__enter__()
