@@ -92,9 +92,10 @@ def _kernels(real, d: int, serial: bool):
             v = coef[j] * k[b, i, e]
         return v
 
-    @ti.kernel
-    def combine(out: arr3, x: arr3, h: arr1, coef: arr1, nterms: ti.i32, k0: arr3, k1: arr3, k2: arr3,
-                k3: arr3, k4: arr3, k5: arr3, k6: arr3):
+    @ti.func
+    def combination(out: ti.template(), x: ti.template(), h: ti.template(), coef: ti.template(), nterms,
+                    k0: ti.template(), k1: ti.template(), k2: ti.template(), k3: ti.template(),
+                    k4: ti.template(), k5: ti.template(), k6: ti.template()):
         """out = x + h_r sum_{j < nterms} coef_j k_j per replica r (out = x where h_r = 0)."""
         ti.loop_config(serialize=serial)
         for b, i in ti.ndrange(out.shape[0], out.shape[1]):
@@ -108,6 +109,31 @@ def _kernels(real, d: int, serial: bool):
                          + term(coef, 6, nterms, k6, b, i, e))
                     v = x[b, i, e] + hb * s
                 out[b, i, e] = v
+
+    # a launch costs ~8 us per array argument on the CPU: the early stages, which read few
+    # slopes, take kernels with fewer (the slots past nterms are never read)
+    @ti.kernel
+    def combine3(out: arr3, x: arr3, h: arr1, coef: arr1, nterms: ti.i32, k0: arr3, k1: arr3, k2: arr3):
+        combination(out, x, h, coef, nterms, k0, k1, k2, k0, k0, k0, k0)
+
+    @ti.kernel
+    def combine5(out: arr3, x: arr3, h: arr1, coef: arr1, nterms: ti.i32, k0: arr3, k1: arr3, k2: arr3,
+                 k3: arr3, k4: arr3):
+        combination(out, x, h, coef, nterms, k0, k1, k2, k3, k4, k0, k0)
+
+    @ti.kernel
+    def combine7(out: arr3, x: arr3, h: arr1, coef: arr1, nterms: ti.i32, k0: arr3, k1: arr3, k2: arr3,
+                 k3: arr3, k4: arr3, k5: arr3, k6: arr3):
+        combination(out, x, h, coef, nterms, k0, k1, k2, k3, k4, k5, k6)
+
+    def combine(out, x, h, coef, nterms: int, *ks):
+        """combination() over the first nterms of the MAX_STAGES slopes ks."""
+        if nterms <= 3:
+            combine3(out, x, h, coef, nterms, *ks[:3])
+        elif nterms <= 5:
+            combine5(out, x, h, coef, nterms, *ks[:5])
+        else:
+            combine7(out, x, h, coef, nterms, *ks)
 
     @ti.func
     def term64(coef: ti.template(), j: ti.template(), nterms, k: ti.template(), b, i, e):
@@ -156,6 +182,34 @@ def _kernels(real, d: int, serial: bool):
             out[b] = s
 
     @ti.kernel
+    def error_norms(out: f64_1, x: arr3, x_new: arr3, h: arr1, coef: f64_1, nterms: ti.i32,
+                    rtol: ti.f64, atol: ti.f64, k0: arr3, k1: arr3, k2: arr3, k3: arr3, k4: arr3,
+                    k5: arr3, k6: arr3):
+        """error_rows and error_sums in one launch (the same sums, token by token in order):
+        on one CPU thread, where the per-token rows need not be kept."""
+        ti.loop_config(serialize=serial)
+        for b in range(x.shape[0]):
+            total = ti.cast(0, ti.f64)
+            hb = ti.cast(h[b], ti.f64)
+            for i in range(x.shape[1]):
+                acc = ti.cast(0, ti.f64)
+                if hb != 0:
+                    for e in ti.static(range(d)):
+                        s = (term64(coef, 0, nterms, k0, b, i, e) + term64(coef, 1, nterms, k1, b, i, e)
+                             + term64(coef, 2, nterms, k2, b, i, e) + term64(coef, 3, nterms, k3, b, i, e)
+                             + term64(coef, 4, nterms, k4, b, i, e) + term64(coef, 5, nterms, k5, b, i, e)
+                             + term64(coef, 6, nterms, k6, b, i, e))
+                        xo = ti.cast(x[b, i, e], ti.f64)
+                        xn = ti.cast(x_new[b, i, e], ti.f64)
+                        scale = atol + rtol * ti.max(ti.abs(xo), ti.abs(xn))
+                        q = hb * s / scale + (xn - xn)
+                        acc += q * q
+                    if ti.math.isnan(acc) or ti.math.isinf(acc):
+                        acc = ti.math.inf
+                total += acc
+            out[b] = total
+
+    @ti.kernel
     def accept(x: arr3, x_new: arr3, k_first: arr3, k_last: arr3, flags: i32_1, copy_slope: ti.i32):
         """x_r <- x_new,r (and k_first,r <- k_last,r) for each replica r whose flag is set."""
         ti.loop_config(serialize=serial)
@@ -166,7 +220,7 @@ def _kernels(real, d: int, serial: bool):
                     if copy_slope:
                         k_first[b, i, e] = k_last[b, i, e]
 
-    _KERNELS[key] = out = (combine, error_rows, error_sums, accept)
+    _KERNELS[key] = out = (combine, error_rows, error_sums, error_norms, accept)
     return out
 
 
@@ -187,17 +241,21 @@ class Stepper:
         R, n, d = sim.n_replicas, sim.n, sim.d
         real = ti.f32 if sim.dtype == "float32" else ti.f64
         self.np_real = np.float32 if sim.dtype == "float32" else np.float64
-        self.kern = _kernels(real, d, sim.arch == "cpu")
+        self.serial = sim.arch == "cpu"
+        self.kern = _kernels(real, d, self.serial)
         S = tableau.stages
         self.slopes = [sim._xdot] + [ti.ndarray(real, shape=(R, n, d)) for _ in range(S - 1)]
         self.point = sim._stage_x
         self.x_new = ti.ndarray(real, shape=(R, n, d))
         self.fsal = tableau.fsal
         self.fresh = None if self.fsal else ti.ndarray(real, shape=(R, n, d))
-        self.h_dev = ti.ndarray(real, shape=(R,))
-        self.flags = ti.ndarray(ti.i32, shape=(R,))
-        self.err_rows = ti.ndarray(ti.f64, shape=(R, n))
-        self.err_sums = ti.ndarray(ti.f64, shape=(R,))
+        # the per-attempt vectors live on the host and are handed to the kernels as external
+        # arrays: no copy launch each way (a from_numpy or to_numpy of R numbers costs a launch,
+        # ~70 us on the CPU; on a GPU taichi copies them with the launch)
+        self.h_host = np.zeros(R, dtype=self.np_real)
+        self.flags = np.zeros(R, dtype=np.int32)
+        self.err_sums = np.zeros(R)
+        self.err_rows = None if self.serial else ti.ndarray(ti.f64, shape=(R, n))
 
         def padded(values, dtype):
             a = np.zeros(MAX_STAGES, dtype=dtype)
@@ -228,14 +286,23 @@ class Stepper:
 
     def _warm_up(self) -> None:
         """Compile the kernels now (h = 0 and no flag: nothing changes)."""
-        combine, error_rows, error_sums, accept = self.kern
+        combine, accept = self.kern[0], self.kern[-1]
         ks = self.slopes + [self.slopes[0]] * (MAX_STAGES - len(self.slopes))
-        self.h_dev.from_numpy(np.zeros(self.sim.n_replicas, dtype=self.np_real))
-        self.flags.from_numpy(np.zeros(self.sim.n_replicas, dtype=np.int32))
-        combine(self.x_new, self.sim._x, self.h_dev, self.b_coef, 1, *ks)
-        error_rows(self.err_rows, self.sim._x, self.x_new, self.h_dev, self.err_coef, 1, 1e-6, 1e-6, *ks)
-        error_sums(self.err_rows, self.err_sums)
+        for nterms in sorted({min(s, 3) if s <= 3 else min(s, 5) if s <= 5 else 7
+                              for s in range(1, len(self.slopes) + 1)}):   # the variants used
+            combine(self.x_new, self.sim._x, self.h_host, self.b_coef, nterms, *ks)
+        self._error_norms(1, 1e-6, 1e-6, ks)
         accept(self.sim._x, self.x_new, self.slopes[0], self.slopes[-1], self.flags, 0)
+
+    def _error_norms(self, nterms: int, rtol: float, atol: float, ks) -> None:
+        """err_sums[r] = sum over (i, c) of replica r's scaled error squared (see the module)."""
+        _, error_rows, error_sums, error_norms, _ = self.kern
+        x = self.sim._x
+        if self.serial:
+            error_norms(self.err_sums, x, self.x_new, self.h_host, self.err_coef, nterms, rtol, atol, *ks)
+        else:
+            error_rows(self.err_rows, x, self.x_new, self.h_host, self.err_coef, nterms, rtol, atol, *ks)
+            error_sums(self.err_rows, self.err_sums)
 
     # -- the controller's state, for checkpoints ---------------------------------------------
     def state(self) -> dict:
@@ -320,7 +387,7 @@ class Stepper:
     def _piece(self, length: float, observe: bool) -> None:
         """Every replica from here over ``length`` in time, its last step clipped onto the end."""
         sim, kern, st = self.sim, self.kern, self.settings
-        combine, error_rows, error_sums, accept = kern
+        combine, accept = kern[0], kern[-1]
         R = sim.n_replicas
         k = self.slopes
         ks = k + [k[0]] * (MAX_STAGES - len(k))
@@ -344,24 +411,21 @@ class Stepper:
             clipped = running & (self.h_next >= remaining - 1e-12 * length)
             h = np.where(clipped, remaining, np.minimum(self.h_next, remaining))
             h = np.where(running, h, 0.0)
-            h_real = h.astype(self.np_real)
-            self.h_dev.from_numpy(h_real)
+            np.copyto(self.h_host, h, casting="unsafe")
             last = S - 1 if self.fsal else S
             for s in range(1, last):
-                combine(self.point, sim._x, self.h_dev, self.stage_coef[s - 1], s, *ks)
+                combine(self.point, sim._x, self.h_host, self.stage_coef[s - 1], s, *ks)
                 self._evaluate(self.point, k[s], False)
-            combine(self.x_new, sim._x, self.h_dev, self.b_coef, S, *ks)
+            combine(self.x_new, sim._x, self.h_host, self.b_coef, S, *ks)
             retract(self.x_new)
             if self.fsal:   # the last stage's point is the new state
                 self._evaluate(self.x_new, k[S - 1], False)
-            error_rows(self.err_rows, sim._x, self.x_new, self.h_dev, self.err_coef, S,
-                       st.rtol, st.atol, *ks)
-            error_sums(self.err_rows, self.err_sums)
-            err = np.sqrt(self.err_sums.to_numpy() / (sim.n * sim.d))
+            self._error_norms(S, st.rtol, st.atol, ks)
+            err = np.sqrt(self.err_sums / (sim.n * sim.d))
             ok = running & (err <= 1.0)
-            self._control(h_real.astype(np.float64), err, ok, running & ~ok, clipped)
+            self._control(self.h_host.astype(np.float64), err, ok, running & ~ok, clipped)
             if ok.any():
-                self.flags.from_numpy(ok.astype(np.int32))
+                np.copyto(self.flags, ok, casting="unsafe")
                 accept(sim._x, self.x_new, k[0], k[S - 1], self.flags, int(self.fsal))
                 if not self.fsal:   # the next first slope, for the replicas that moved
                     self._evaluate(sim._x, self.fresh, False)
