@@ -95,6 +95,20 @@ def test_embedded_weights_satisfy_their_order_conditions():
     assert not integrators.RK4.fsal
 
 
+@pytest.mark.parametrize("tableau", PAIRS, ids=lambda t: t.name)
+def test_one_accepted_adaptive_step_is_its_numpy_tableau_step(tableau):
+    """An attempt's stage combinations (kernels of 3, 5 or 7 slope arguments by stage) and new
+    state: one accepted step of h = dt_max from the NumPy tableau to 1e-12, on two replicas."""
+    x = np.stack([random_tokens(10, 3, seed=5), random_tokens(10, 3, seed=6)])
+    heads = general_heads(2, 3, seed=5)
+    sim = Simulation(x, heads, beta=1.5, rule="softmax", dt=0.04, dtype="float64", path="tiled",
+                     integrator=Adaptive(tableau.name, rtol=1e-3, atol=1e-3, dt_max=0.04))
+    sim.advance(1)
+    assert sim.stepper.stats()["accepted"] == [1, 1] and sim.stepper.stats()["rejected"] == [0, 0]
+    for r in range(2):
+        assert rel_err(sim.tokens[r], _ref_rk_step(x[r], heads, tableau, 0.04, 1.5)) < 1e-12
+
+
 def test_adaptive_steps_on_the_fused_path_match_the_tiled_path():
     """auto takes the fused path at small n (one launch per evaluation); both paths take the
     same steps and agree to rounding."""
