@@ -95,19 +95,27 @@ def test_a_run_without_energy_prints_no_nan_and_no_second_note():
     assert "note:" not in text and "monotone" not in text
 
 
-def _attention(mask=None, alibi=0.0, positional=False, potential=False, name="softmax"):
+def _attention(mask=None, alibi=0.0, positional=False, potential=False, name="softmax", rotary=None):
     return SimpleNamespace(has_potential=potential, masked=mask is not None, mask=mask or "none",
-                           alibi=alibi, rule=SimpleNamespace(positional=positional, name=name))
+                           alibi=alibi, rotary=rotary, rule=SimpleNamespace(positional=positional, name=name))
+
+
+def _sim(attention, biased=()):
+    heads = [SimpleNamespace(has_biases=h in biased) for h in range(len(attention))]
+    return SimpleNamespace(scheduled=False, n_heads=len(attention), attention=attention, heads=heads)
 
 
 def test_energy_note_names_each_reason_once():
-    sim = SimpleNamespace(scheduled=False, n_heads=4, attention=[_attention("causal")] * 4)
-    note = energy_note(sim)
+    note = energy_note(_sim([_attention("causal")] * 4))
     assert "every head: a causal mask;" in note and note.count("causal") == 1
-    mixed = SimpleNamespace(scheduled=False, n_heads=3,
-                            attention=[_attention("causal"), _attention(alibi=0.5), _attention("causal")])
-    note = energy_note(mixed)
+    note = energy_note(_sim([_attention("causal"), _attention(alibi=0.5), _attention("causal")]))
     assert "heads 0, 2: a causal mask" in note and "head 1: an ALiBi bias" in note
+    # biases take a head's potential away (rotary positions have none), and the note says which
+    note = energy_note(_sim([_attention(potential=True), _attention(rotary=object()),
+                             _attention(potential=True)], biased=(0,)))
+    assert "head 0: query/key/value biases" in note and "head 1: rotary positions" in note
+    assert "head 2" not in note
+    assert energy_note(_sim([_attention(potential=True)] * 2)) is None
 
 
 # ----------------------------------------------------------------------------- the reproduce report
