@@ -58,7 +58,7 @@ def test_a_rule_that_crashes_or_hangs_is_an_exit_2_paragraph(tmp_path, name):
     mask, code, says = RULES[name]
     (tmp_path / "rule.py").write_text(textwrap.dedent(code))
     (tmp_path / "scene.toml").write_text(SCENE.format(rule=name, mask=mask))
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg", PARTICLES_RULE_PROBE_SECONDS="15")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg", PARTICLES_RULE_PROBE_SECONDS="6")
     proc = subprocess.run([sys.executable, "-m", "particles", "run", str(tmp_path / "scene.toml"),
                            "--out", str(tmp_path / "run"), "--quiet"], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=240)
@@ -107,7 +107,7 @@ def test_a_position_aware_rule_is_probed_beyond_three_tokens_and_at_the_scenes_n
     n, code, says, where = POSITION_RULES[name]
     (tmp_path / "rule.py").write_text(textwrap.dedent(code))
     (tmp_path / "scene.toml").write_text(SCENE.format(rule=name, mask="none").replace("n = 6", f"n = {n}"))
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg", PARTICLES_RULE_PROBE_SECONDS="10")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg", PARTICLES_RULE_PROBE_SECONDS="6")
     proc = subprocess.run([sys.executable, "-m", "particles", "run", str(tmp_path / "scene.toml"),
                            "--out", str(tmp_path / "run"), "--quiet"], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=240)
