@@ -123,14 +123,21 @@ def _sweep_process(args, tmp_path):
 def test_ray_banners_stay_out_of_the_output_unless_verbose(tiny, tmp_path):
     pytest.importorskip("ray")
     path, _ = tiny
+    # both at once, each with its own local cluster: a Ray start is mostly waiting (~20 s)
     quiet = _sweep_process([str(path), "--executor", "ray", "--workers", "1", "--out", "q"], tmp_path)
-    out, err = quiet.communicate(timeout=300)
-    assert quiet.returncode == 0, err[-2000:]
-    assert "WARNING" not in out + err and "Token authentication" not in out + err, err[-2000:]
-    assert "Started a local Ray instance" not in out + err
     loud = _sweep_process([str(path), "--executor", "ray", "--workers", "1", "--out", "v",
                            "--verbose"], tmp_path)
-    out, err = loud.communicate(timeout=300)
+    try:
+        out, err = quiet.communicate(timeout=300)
+        assert quiet.returncode == 0, err[-2000:]
+        assert "WARNING" not in out + err and "Token authentication" not in out + err, err[-2000:]
+        assert "Started a local Ray instance" not in out + err
+        out, err = loud.communicate(timeout=300)
+    finally:
+        for process in (quiet, loud):
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
     assert loud.returncode == 0 and "Started a local Ray instance" in out + err, err[-2000:]
 
 
