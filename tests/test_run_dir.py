@@ -77,8 +77,9 @@ def test_two_processes_on_one_folder(tmp_path):
     deadline = time.time() + 120
     while time.time() < deadline and not (out / "run.json").exists():
         time.sleep(0.1)
-    second = start_particles("run", "quickstart", "--out", out, "--steps", 10, "--no-render", "--quiet")
-    _, err2 = second.communicate(timeout=120)
+    # the second in this process (the lock is held by another process either way): no start-up
+    second = particles_cli("run", "quickstart", "--out", out, "--steps", 10, "--no-render", "--quiet")
+    err2 = second.stderr
     first.send_signal(2)
     _, err1 = first.communicate(timeout=120)
     assert second.returncode == 2 and "in use by another run" in " ".join(err2.split()) and "Traceback" not in err2
