@@ -88,13 +88,20 @@ def test_circle_and_pca_pages(tmp_path, d):
     assert ('"type":"scatter3d"' in rest) == (d > 2) and ("PC 1" in rest) == (d > 3)
 
 
-def _chromium(url, *extra, timeout=120):
+def _chromium(url, *extra) -> subprocess.Popen:
+    """The headless browser started on url (its output piped, as text); _finish waits for it."""
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
              "--disable-component-update", "--disable-sync", "--no-first-run",
              "--enable-unsafe-swiftshader",                            # WebGL in software, no GPU
              "--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=http://127.0.0.1:9",   # no network
              "--enable-logging=stderr", "--v=0", "--virtual-time-budget=10000"]
-    return subprocess.run([BROWSER, *flags, *extra, url], capture_output=True, text=True, timeout=timeout)
+    return subprocess.Popen([BROWSER, *flags, *extra, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _finish(browser: subprocess.Popen, timeout=120) -> subprocess.CompletedProcess:
+    out, err = browser.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(browser.args, browser.returncode, out, err)
 
 
 def _console(stderr: str) -> list[str]:
@@ -143,16 +150,25 @@ def _token_pixels(png: Path, colors: np.ndarray, tol: float = 10.0) -> list[int]
 def test_a_headless_browser_draws_the_tokens_without_console_errors(tmp_path):
     path, page, colors, x = _page(tmp_path)
     shot = tmp_path / "shot.png"
-    proc = _chromium(path.as_uri(), f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}",
-                     "--window-size=1000,800")
+    # the page with a probe: console errors caught in the page, the slider's last frame reached;
+    # both browsers at once (each mostly waits: ~16 s one after the other)
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.replace("<head>", "<head>" + PROBE, 1), encoding="utf-8")
+    browsers = [_chromium(path.as_uri(), f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}",
+                          "--window-size=1000,800"),
+                _chromium(probe.as_uri(), f"--user-data-dir={tmp_path / 'profile2'}", "--dump-dom")]
+    try:
+        proc, probed = _finish(browsers[0]), _finish(browsers[1])
+    finally:
+        for browser in browsers:
+            if browser.poll() is None:
+                browser.kill()
+                browser.communicate()
     assert shot.is_file(), proc.stderr[-2000:]
     assert _console(proc.stderr) == []
     counts = _token_pixels(shot, colors)
     assert len(counts) >= 2 and min(counts) >= 15, counts     # every colour of the first frame drawn
-    # the same page with a probe: console errors caught in the page, the slider's last frame reached
-    probe = tmp_path / "probe.html"
-    probe.write_text(page.replace("<head>", "<head>" + PROBE, 1), encoding="utf-8")
-    proc = _chromium(probe.as_uri(), f"--user-data-dir={tmp_path / 'profile2'}", "--dump-dom")
+    proc = probed
     title = re.search(r"<title>PROBE (.*?)</title>", proc.stdout)
     assert title, proc.stderr[-2000:]
     import json
