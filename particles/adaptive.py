@@ -145,6 +145,28 @@ def _kernels(real, d: int, serial: bool):
                 v += coef[j] * kv
         return v
 
+    @ti.func
+    def token_error(x: ti.template(), x_new: ti.template(), hb, coef: ti.template(), nterms, rtol, atol,
+                    k0: ti.template(), k1: ti.template(), k2: ti.template(), k3: ti.template(),
+                    k4: ti.template(), k5: ti.template(), k6: ti.template(), b, i):
+        """Token i's sum over components of (h sum_j coef_j k_j / scale)^2, in float64; +inf
+        where a slope or the new state is not finite (0 for a replica that is done, h = 0)."""
+        acc = ti.cast(0, ti.f64)
+        if hb != 0:
+            for e in ti.static(range(d)):
+                s = (term64(coef, 0, nterms, k0, b, i, e) + term64(coef, 1, nterms, k1, b, i, e)
+                     + term64(coef, 2, nterms, k2, b, i, e) + term64(coef, 3, nterms, k3, b, i, e)
+                     + term64(coef, 4, nterms, k4, b, i, e) + term64(coef, 5, nterms, k5, b, i, e)
+                     + term64(coef, 6, nterms, k6, b, i, e))
+                xo = ti.cast(x[b, i, e], ti.f64)
+                xn = ti.cast(x_new[b, i, e], ti.f64)
+                scale = atol + rtol * ti.max(ti.abs(xo), ti.abs(xn))
+                q = hb * s / scale + (xn - xn)   # NaN for a non-finite new state
+                acc += q * q
+            if ti.math.isnan(acc) or ti.math.isinf(acc):
+                acc = ti.math.inf
+        return acc
+
     @ti.kernel
     def error_rows(out: f64_2, x: arr3, x_new: arr3, h: arr1, coef: f64_1, nterms: ti.i32,
                    rtol: ti.f64, atol: ti.f64, k0: arr3, k1: arr3, k2: arr3, k3: arr3, k4: arr3,
@@ -153,22 +175,8 @@ def _kernels(real, d: int, serial: bool):
         +inf where a slope or the new state is not finite."""
         ti.loop_config(serialize=serial)
         for b, i in ti.ndrange(out.shape[0], out.shape[1]):
-            acc = ti.cast(0, ti.f64)
-            hb = ti.cast(h[b], ti.f64)
-            if hb != 0:
-                for e in ti.static(range(d)):
-                    s = (term64(coef, 0, nterms, k0, b, i, e) + term64(coef, 1, nterms, k1, b, i, e)
-                         + term64(coef, 2, nterms, k2, b, i, e) + term64(coef, 3, nterms, k3, b, i, e)
-                         + term64(coef, 4, nterms, k4, b, i, e) + term64(coef, 5, nterms, k5, b, i, e)
-                         + term64(coef, 6, nterms, k6, b, i, e))
-                    xo = ti.cast(x[b, i, e], ti.f64)
-                    xn = ti.cast(x_new[b, i, e], ti.f64)
-                    scale = atol + rtol * ti.max(ti.abs(xo), ti.abs(xn))
-                    q = hb * s / scale + (xn - xn)   # NaN for a non-finite new state
-                    acc += q * q
-                if ti.math.isnan(acc) or ti.math.isinf(acc):
-                    acc = ti.math.inf
-            out[b, i] = acc
+            out[b, i] = token_error(x, x_new, ti.cast(h[b], ti.f64), coef, nterms, rtol, atol,
+                                    k0, k1, k2, k3, k4, k5, k6, b, i)
 
     @ti.kernel
     def error_sums(rows: f64_2, out: f64_1):
@@ -192,21 +200,7 @@ def _kernels(real, d: int, serial: bool):
             total = ti.cast(0, ti.f64)
             hb = ti.cast(h[b], ti.f64)
             for i in range(x.shape[1]):
-                acc = ti.cast(0, ti.f64)
-                if hb != 0:
-                    for e in ti.static(range(d)):
-                        s = (term64(coef, 0, nterms, k0, b, i, e) + term64(coef, 1, nterms, k1, b, i, e)
-                             + term64(coef, 2, nterms, k2, b, i, e) + term64(coef, 3, nterms, k3, b, i, e)
-                             + term64(coef, 4, nterms, k4, b, i, e) + term64(coef, 5, nterms, k5, b, i, e)
-                             + term64(coef, 6, nterms, k6, b, i, e))
-                        xo = ti.cast(x[b, i, e], ti.f64)
-                        xn = ti.cast(x_new[b, i, e], ti.f64)
-                        scale = atol + rtol * ti.max(ti.abs(xo), ti.abs(xn))
-                        q = hb * s / scale + (xn - xn)
-                        acc += q * q
-                    if ti.math.isnan(acc) or ti.math.isinf(acc):
-                        acc = ti.math.inf
-                total += acc
+                total += token_error(x, x_new, hb, coef, nterms, rtol, atol, k0, k1, k2, k3, k4, k5, k6, b, i)
             out[b] = total
 
     @ti.kernel

@@ -345,56 +345,5 @@ def test_every_path_and_implementation_matches_the_reference(path, implementatio
     assert rel_err(sim.tokens, ref.spec_step(x, heads, BETA, specs, "sphere", DT, "rk4")) < RTOL["float64"]
 
 
-_TOY_NORMALISATION = r"""
-import sys
-import numpy as np
-from particles import kernel_math
-import test_path_capabilities as t
-import reference as ref
-from conftest import general_heads, random_tokens
-
-shared = kernel_math.normalisation
-
-def halved(real, softmax, exponential, guarded=True):
-    row_norm = shared(real, softmax, exponential, guarded)
-
-    @kernel_math.ti.func
-    def toy(wsum, m, count):
-        return row_norm(wsum, m, count) * 0.5
-    return toy
-
-kernel_math.normalisation = halved   # before any pass is compiled
-import particles
-seen = []
-for path, implementation, (rule, attention, n) in t.IMPLEMENTATION_TABLE:
-    x, heads = random_tokens(n, t.D, seed=21), general_heads(t.H, t.D, seed=22)
-    sim = particles.Simulation(x, heads, beta=t.BETA, rule=rule, dtype="float64", path=path,
-                               attention=attention)
-    atts = attention or [particles.Attention()] * t.H
-    specs = [ref.HeadSpec(a.rule.name if a.rule is not None else rule, beta=a.beta, mask=a.mask,
-                          window=a.window, alibi=a.alibi) for a in atts]
-    # Sinkhorn's rows are scaled by its own potentials, not by the shared row normalisation
-    want = (1.0 if implementation == "sinkhorn" else 0.5) * ref.spec_velocity(x, heads, t.BETA, specs)
-    err = np.max(np.abs(sim.velocity() - want)) / np.max(np.abs(want))
-    assert err < 1e-10, (path, implementation, err)
-    seen.append(f"{path}-{sim.implementation}")
-print(" ".join(seen))
-"""
-
-
-def test_a_toy_normalisation_in_the_shared_library_reaches_every_implementation(tmp_path):
-    """Every pass takes its normalisation from kernel_math.normalisation: replaced (in a fresh
-    interpreter, before anything compiles) by one that halves each row's pull, every
-    (path, implementation) of the table returns half the reference's velocity."""
-    import os
-    import subprocess
-    import sys
-    script = tmp_path / "toy_normalisation.py"   # a file: Taichi reads a ti.func's source
-    script.write_text(_TOY_NORMALISATION)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
-           "PARTICLES_TUNING": "off"}
-    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
-                          text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    seen = proc.stdout.split()
-    assert sorted(seen) == sorted(f"{p}-{i}" for p, i, _ in IMPLEMENTATION_TABLE), seen
+# A toy normalisation and a toy observable through kernel_math reach every (path, implementation)
+# of IMPLEMENTATION_TABLE: test_kernel_wing.py::test_a_toy_observable_and_normalisation_in_the_...
