@@ -40,20 +40,32 @@ def _kernels(dtype: str, H: int, r: int, rv: int):
                 s += q[b, h, i, a] * k[b, h, j, a]
         return bt * s
 
+    @ti.func
+    def log_sum_exp(q: ti.template(), k: ti.template(), bt, potential: ti.template(), b, h, fixed,
+                    over_keys: ti.template()):
+        """log sum_t e^{z + potential_t} over the keys t of row `fixed` (over_keys) or over the
+        queries t of column `fixed`, with a running maximum (no overflow, one pass)."""
+        m, s = ti.cast(-ti.math.inf, real), ti.cast(0, real)
+        for t in range(q.shape[2]):
+            z = ti.cast(0, real)
+            if ti.static(over_keys):
+                z = score(q, k, b, h, fixed, t, bt)
+            else:
+                z = score(q, k, b, h, t, fixed, bt)
+            v = z + potential[b, h, t]
+            if v > m:
+                s = s * ti.exp(m - v) + 1
+                m = v
+            else:
+                s += ti.exp(v - m)
+        return m + ti.log(s)
+
     @ti.kernel
     def rows(q: arr4, k: arr4, beta: arr1, hint: hint_t, f: arr3, g: arr3):
         """f_i = -log sum_j e^{z_ij + g_j}: every row of P sums to 1."""
         for b, h, i in ti.ndrange(q.shape[0], H, q.shape[2]):
             if hint[h, 2] == 1:
-                m, s = ti.cast(-ti.math.inf, real), ti.cast(0, real)
-                for j in range(q.shape[2]):
-                    v = score(q, k, b, h, i, j, beta[b]) + g[b, h, j]
-                    if v > m:
-                        s = s * ti.exp(m - v) + 1
-                        m = v
-                    else:
-                        s += ti.exp(v - m)
-                f[b, h, i] = -(m + ti.log(s))
+                f[b, h, i] = -log_sum_exp(q, k, beta[b], g, b, h, i, True)
 
     @ti.kernel
     def columns(q: arr4, k: arr4, beta: arr1, hint: hint_t, f: arr3, g: arr3, g_new: arr3,
@@ -62,15 +74,7 @@ def _kernels(dtype: str, H: int, r: int, rv: int):
         err[0] = 0
         for b, h, j in ti.ndrange(q.shape[0], H, q.shape[2]):
             if hint[h, 2] == 1:
-                m, s = ti.cast(-ti.math.inf, real), ti.cast(0, real)
-                for i in range(q.shape[2]):
-                    v = score(q, k, b, h, i, j, beta[b]) + f[b, h, i]
-                    if v > m:
-                        s = s * ti.exp(m - v) + 1
-                        m = v
-                    else:
-                        s += ti.exp(v - m)
-                lse = m + ti.log(s)
+                lse = log_sum_exp(q, k, beta[b], f, b, h, j, False)
                 g_new[b, h, j] = -lse
                 ti.atomic_max(err[0], ti.abs(ti.exp(g[b, h, j] + lse) - 1))  # max: order-free
 
