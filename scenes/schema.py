@@ -58,7 +58,8 @@ DYNAMICS_KEYS = ("geometry", "rule", "rule_file", "beta", "betas", "dt", "steps"
                  "integrator", "dtype", "arch", "mask", "window", "alibi", "layer_every",
                  "normalisation", "ngpt_alpha", "sinkhorn_iterations",
                  "sinkhorn_tolerance", "rtol", "atol", "dt_min", "dt_max",
-                 "stop_kinetic", "stop_energy_rate", "stop_clusters", "stop_window", "retraction")
+                 "stop_kinetic", "stop_energy_rate", "stop_clusters", "stop_attention", "stop_window",
+                 "retraction")
 LAYER_KEYS = ("start", "heads", "rule", "mask", "window", "alibi")
 LOG_KEYS = ("every", "energy", "radial", "entropy", "entropy_rate", "clusters_every",
             "cluster_threshold", "trajectory_every")
@@ -526,15 +527,22 @@ def _retraction_key(sec, integrator) -> None:
 
 def _stop_keys(sec) -> None:
     """Stop rules (particles.stop), stored only when given: the run ends once the kinetic
-    energy or |dE/dt| stays at most stop_kinetic / stop_energy_rate over stop_window, or the
-    cluster count is unchanged for stop_clusters (times)."""
-    given = [key for key in ("stop_kinetic", "stop_energy_rate", "stop_clusters") if sec.has(key)]
+    energy, |dE/dt| or the attention map's change rate stays at most stop_kinetic /
+    stop_energy_rate / stop_attention over stop_window, or the cluster count is unchanged for
+    stop_clusters (times)."""
+    windowed = ("stop_kinetic", "stop_energy_rate", "stop_attention")
+    given = [key for key in windowed + ("stop_clusters",) if sec.has(key)]
     for key in given:
         sec.take(key, number(0, lo_open=True))
+    rule = sec.out.get("rule")
+    if "stop_attention" in given and isinstance(rule, str) and rule not in ("exp", "softmax", "relu"):
+        sec.problem("stop_attention", f"the attention rows are computed for the built-in rules exp, "
+                                      f"softmax and relu, not rule = {rule!r}; remove stop_attention "
+                                      "or use one of them")
     if sec.has("stop_window"):
-        if not {"stop_kinetic", "stop_energy_rate"} & set(given):
-            sec.problem("stop_window", "applies to stop_kinetic or stop_energy_rate (the time they "
-                                       "must hold for); give one of them or remove it")
+        if not set(windowed) & set(given):
+            sec.problem("stop_window", "applies to stop_kinetic, stop_energy_rate or stop_attention "
+                                       "(the time they must hold for); give one of them or remove it")
         else:
             sec.take("stop_window", number(0))
 
