@@ -378,3 +378,72 @@ def test_plots_never_write_through_a_planted_link(reference_run, tmp_path):
     with pytest.raises(SymlinkRefused, match="symbolic link"):
         plot_sweep(copy)
     assert victim.read_text() == "keep me"
+
+
+STOPPING = """\
+name = "stopping"
+batch = 1
+
+[tokens]
+n = 12
+d = 3
+seed = 0
+
+[heads]
+kind = "scalar"
+count = 2
+strengths = [1.0, 1.0]
+
+[dynamics]
+rule = "softmax"
+dt = 0.05
+steps = 600
+dtype = "float64"
+stop_kinetic = 1e-12
+stop_window = 1.0
+
+[log]
+every = 5
+
+[axes]
+"dynamics.beta" = [0.5, 1.0]
+
+[record]
+times = [1.0, 5.0, 30.0]
+observables = ["eps", "kinetic"]
+clusters = true
+"""
+
+
+def test_stop_rules_end_each_unit_where_its_own_flow_stops(tmp_path):
+    """Two units (beta 0.5 and 1, batch 1) under the scene's stop_kinetic: each stops where the
+    same scene run alone (`particles run`) stops, at different times; the table records each
+    unit's stop time and reason, the record times before the stop as recorded, those after it
+    the state where the unit stopped."""
+    from particles import load_log
+    from particles.app.run import run_scene
+    from scenes import Scene
+    path = write(tmp_path, STOPPING)
+    sweep = load_sweep(path)
+    assert len(sweep.units) == 2 and sweep.columns[-2:] == ["stop_time", "stop_reason"]
+    cols = load_results(run_sweep(path, tmp_path / "out"))
+    stops = {}
+    for beta in (0.5, 1.0):
+        mine = cols["dynamics.beta"] == beta
+        raw = load_sweep(path).base_raw
+        raw["dynamics"]["beta"] = beta
+        run = run_scene(Scene.from_dict(raw, source="test", base_dir=tmp_path), tmp_path / f"run{beta}",
+                        render=False, progress=False, echo=lambda *a: None)
+        log = load_log(tmp_path / f"run{beta}")
+        t_stop = float(log["time"][-1])
+        assert run.steps_done < 600 and set(cols["stop_time"][mine]) == {t_stop}
+        assert set(cols["stop_reason"][mine]) == {run.message.split(": ", 1)[1]}
+        assert cols["stop_reason"][mine][0].startswith("stop rule: kinetic energy <= 1e-12")
+        stops[beta] = t_stop
+        for t, eps, kin in zip(cols["time"][mine], cols["eps"][mine], cols["kinetic"][mine]):
+            at = log["time"][-1] if t > t_stop else t      # after the stop: the final state
+            k = int(np.flatnonzero(np.isclose(log["time"], at))[0])
+            assert eps == pytest.approx(log["eps"][k], rel=1e-12, abs=1e-15)
+            assert kin == pytest.approx(log["kinetic"][k], rel=1e-9, abs=1e-20)
+    assert 5.0 < stops[1.0] < 30.0 and stops[0.5] != stops[1.0]
+    assert cols["clusters"][cols["time"] == 30.0].tolist() == [1.0, 1.0]

@@ -21,6 +21,7 @@ from particles import tuning
 from particles.drive import AT_END, NEVER, At, Every, Writer, drive
 from particles.clock import step_time
 from particles.clusters import cluster_stats
+from particles.stop import StopRules, StopWriter
 from particles.theory import eps_of_tokens
 
 from ..build import build_simulation
@@ -29,34 +30,56 @@ from ..build import build_simulation
 # ============================================================================ one unit
 
 class _Record(Writer):
-    """The unit's record steps: observables (their rows), cluster counts, min cosine."""
+    """The unit's record steps: observables (their rows), cluster counts, min cosine. With
+    stop rules (``stops``) the unit may end before its last record steps: the state where it
+    ended is recorded too, and ``fill_after_stop`` gives those steps its values (the flow has
+    stopped there; the table's stop_time says from when)."""
 
-    def __init__(self, rec: dict, R: int):
+    def __init__(self, rec: dict, R: int, stops: bool = False):
         self.steps = [int(s) for s in rec["steps"]]
         self.where = {s: k for k, s in enumerate(self.steps)}
         self.names = list(rec["observables"])
         self.threshold = rec["threshold"]
-        self.trigger = At(self.steps)
-        self.observe = At(self.steps) if self.names else NEVER
+        self.trigger = At(self.steps) | AT_END if stops else At(self.steps)
+        self.observe = self.trigger if self.names else NEVER
         self.needs = frozenset({"tokens"}) if (rec["clusters"] or rec["min_cosine"]) else frozenset()
         T = len(self.steps)
-        self.values = np.full((R, T, len(self.names)), np.nan)
-        self.clusters = np.full((R, T), np.nan) if rec["clusters"] else None
-        self.min_cos = np.full((R, T), np.nan) if rec["min_cosine"] else None
+        # slot T: the final state (with stop rules)
+        self.values = np.full((R, T + 1, len(self.names)), np.nan)
+        self.clusters = np.full((R, T + 1), np.nan) if rec["clusters"] else None
+        self.min_cos = np.full((R, T + 1), np.nan) if rec["min_cosine"] else None
+        self.end_step = None
+
+    def _slots(self, step: int) -> list[int]:
+        return ([self.where[step]] if step in self.where else []) + ([len(self.steps)] if step == self.end_step else [])
 
     def on_state(self, state):
+        if state.step == state.end:
+            self.end_step = state.step   # before its row: rows of a state come after it is served
         if state.tokens is None:
             return
         mc, count = cluster_stats(state.tokens, self.threshold)
-        k = self.where[state.step]
-        if self.clusters is not None:
-            self.clusters[:, k] = count
-        if self.min_cos is not None:
-            self.min_cos[:, k] = mc
+        for k in self._slots(state.step):
+            if self.clusters is not None:
+                self.clusters[:, k] = count
+            if self.min_cos is not None:
+                self.min_cos[:, k] = mc
 
     def on_rows(self, rows):
         for row in rows:
-            self.values[row["replica"], self.where[row["step"]]] = [row.get(o, math.nan) for o in self.names]
+            for k in self._slots(row["step"]):
+                self.values[row["replica"], k] = [row.get(o, math.nan) for o in self.names]
+
+    def fill_after_stop(self, stop_step: int) -> None:
+        """Record steps after ``stop_step`` (where a stop rule ended the unit) take the values
+        of that final state."""
+        later = [k for k, s in enumerate(self.steps) if s > stop_step]
+        for arr in (self.values, self.clusters, self.min_cos):
+            if arr is not None and later:
+                arr[:, later] = arr[:, [len(self.steps)]]
+
+    def recorded(self, arr):
+        return None if arr is None else arr[:, :len(self.steps)]
 
 
 class _ClusteringTime(Writer):
@@ -100,19 +123,34 @@ def run_unit(unit: dict) -> dict:
         sim = build_simulation(scene, tokens=tokens, heads=heads,
                                beta=np.asarray(unit["betas"], dtype=np.float64),
                                entropy_rate=any(o.startswith("entropy_rate_h") for o in obs))
-    record = _Record(rec, sim.n_replicas)
+    stop_cfg = rec.get("stop")   # the scene's stop rules: the unit ends where its flow stops
+    record = _Record(rec, sim.n_replicas, stops=stop_cfg is not None)
     writers = [record]
+    clustering = None
     if rec.get("clustering_time") is not None:
-        writers.append(_ClusteringTime(rec, sim.n_replicas))
-    drive(sim, writers, int(scene["dynamics"]["steps"]))
+        clustering = _ClusteringTime(rec, sim.n_replicas)
+        writers.append(clustering)
+    if stop_cfg is not None:
+        rules = StopRules.from_dynamics(scene["dynamics"], stop_cfg["cluster_threshold"])
+        writers.append(StopWriter(rules, stop_cfg["every"], sim.n_heads))
+    driver = drive(sim, writers, int(scene["dynamics"]["steps"]))
+    stopped = driver.end_reason is not None   # a stop rule ended the unit at sim.step_count
+    if stopped:
+        record.fill_after_stop(sim.step_count)
     x = sim.native_tokens()
     nonfinite = ~np.isfinite(x).all(axis=(1, 2))
-    return {"id": unit["id"], "points": list(unit["points"]), "steps": record.steps,
-            "times": [step_time(s, sim.dt) for s in record.steps], "observables": obs, "values": record.values,
-            "clusters": record.clusters, "min_cosine": record.min_cos,
-            "clustering_time": writers[1].first if len(writers) > 1 else None,
-            "nonfinite": int(nonfinite.sum()), "arch": sim.arch, "tuning": sim.tuning, "pid": os.getpid(),
-            "seconds": time.perf_counter() - t0}
+    out = {"id": unit["id"], "points": list(unit["points"]), "steps": record.steps,
+           "times": [step_time(s, sim.dt) for s in record.steps], "observables": obs,
+           "values": record.recorded(record.values),
+           "clusters": record.recorded(record.clusters), "min_cosine": record.recorded(record.min_cos),
+           "clustering_time": clustering.first if clustering is not None else None,
+           "nonfinite": int(nonfinite.sum()), "arch": sim.arch, "tuning": sim.tuning, "pid": os.getpid(),
+           "seconds": time.perf_counter() - t0}
+    if stop_cfg is not None:
+        out.update(stop_step=sim.step_count if stopped else None,
+                   stop_time=step_time(sim.step_count, sim.dt) if stopped else math.nan,
+                   stop_reason=driver.end_reason or "")
+    return out
 
 
 # ============================================================================ executors

@@ -48,7 +48,14 @@ fixed column (e.g. ``heads.count``; lists as JSON), ``tokens.n``, ``tokens.d``, 
 ``tokens.seed``, ``dynamics.beta``, ``step``, ``time``, the recorded observables (``nan`` where
 a unit has no such column, e.g. ``energy_h3`` with H = 2, or where a replica blew up),
 ``min_cosine`` and ``clusters`` (if asked), ``clustering_time`` (if asked; the same on every
-row of a replica). ``load_results`` returns them sorted by (point, step).
+row of a replica), and with stop rules ``stop_time`` and ``stop_reason``. ``load_results``
+returns them sorted by (point, step).
+
+Stop rules: a scene whose [dynamics] has ``stop_*`` keys (``particles.stop``) ends each unit
+where its own flow stops (on the scene's [log] every grid, when every replica of the unit meets
+the rule, as `particles run` ends a run); ``stop_time`` and ``stop_reason`` say where and why
+(``nan`` and empty where the unit ran to its end). Record times after the stop hold the values
+of the state where the unit stopped. ``batch = 1`` gives each grid point its own stop.
 
 The output folder holds ``results.csv`` (one row per replica and recorded time),
 ``units_done.txt`` (the ledger), ``sweep.json`` (what the sweep is, for plots and resume) and

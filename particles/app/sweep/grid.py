@@ -197,6 +197,12 @@ def expand_grid(axes, base_raw, base_dir, record, batch, problems):
                        "clusters": record["clusters"], "min_cosine": record["min_cosine"],
                        "threshold": threshold, "clustering_time": record["clustering_time"],
                        "clustering_every": record["clustering_every"]}
+        if any(k.startswith("stop_") and k != "stop_window" for k in dyn):
+            # the scene's stop rules (particles.stop) end each unit where its flow stops, on
+            # the scene's log grid, as `particles run` does
+            log = data.get("log", {})
+            unit_record["stop"] = {"every": int(log.get("every", 1)),
+                                   "cluster_threshold": float(log.get("cluster_threshold", 0.99))}
         scene_part = {"tokens": {"n": data["tokens"]["n"], "d": data["tokens"]["d"]},
                       "heads": data["heads"], "dynamics": data["dynamics"]}
         pts = g["points"]
@@ -227,7 +233,7 @@ def expand_grid(axes, base_raw, base_dir, record, batch, problems):
             "(see docs/LOG.md)")
     if problems:
         return [], [], [], {}
-    columns = _columns(axes, record)
+    columns = _columns(axes, record, stops=any("stop" in u["record"] for u in units))
     for p in points:
         del p["tokens"]
     return points, units, columns, unit_meta
@@ -258,7 +264,7 @@ def _unit_meta(data: dict, H: int, record: dict, size: int) -> dict:
             "threshold": record["threshold"], "clustering_threshold": record["clustering_time"]}
 
 
-def _columns(axes, record) -> list[str]:
+def _columns(axes, record, stops: bool = False) -> list[str]:
     cols = ["unit", "point"]
     cols += [k for k, _ in axes if k not in FIXED_COLUMNS]
     cols += list(FIXED_COLUMNS) + ["step", "time"] + list(record["observables"])
@@ -268,6 +274,8 @@ def _columns(axes, record) -> list[str]:
         cols.append("clusters")
     if record["clustering_time"] is not None:
         cols.append("clustering_time")
+    if stops:   # where and why a stop rule ended the replica's unit (nan and "" where none did)
+        cols += ["stop_time", "stop_reason"]
     return cols
 
 

@@ -204,6 +204,7 @@ def _unit_rows(sweep: Sweep, res: dict) -> list[str]:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     axis_cols = sweep.axis_columns
+    stops = "stop_reason" in sweep.columns   # the unit's stop time and reason on each of its rows
     lines = []
     for r, index in enumerate(res["points"]):
         p = sweep.points[index]
@@ -219,6 +220,8 @@ def _unit_rows(sweep: Sweep, res: dict) -> list[str]:
                 row.append("nan" if math.isnan(c) else str(int(c)))
             if res["clustering_time"] is not None:
                 row.append(_cell(res["clustering_time"][r]))
+            if stops:
+                row += [_cell(res.get("stop_time", math.nan)), res.get("stop_reason", "")]
             w.writerow(row)
             lines.append(buf.getvalue())
             buf.seek(0)
