@@ -245,3 +245,18 @@ def test_attention_rule_state_survives_a_checkpoint_exactly():
     for w in (first, second):
         w.on_state(State(3, 0.3, 10, states[3]))
     assert second.attention_rate == first.attention_rate > 0 and second.state() == first.state()
+
+
+def test_attention_rule_on_a_head_with_a_rule_it_cannot_compute_exits_2_naming_the_file(tmp_path):
+    """A head's own Sinkhorn rule is seen once the heads are built: the command refuses the
+    scene (exit 2, the file and the key named) before any file of the run is written."""
+    from cli_runner import particles_cli
+    scene = tmp_path / "heads.toml"
+    scene.write_text('name = "heads"\n[tokens]\nn = 8\nd = 3\n[[heads]]\nkind = "scalar"\n'
+                     '[[heads]]\nkind = "scalar"\nrule = "sinkhorn"\n[dynamics]\nrule = "softmax"\nbeta = 1.0\n'
+                     'dt = 0.05\nsteps = 10\nstop_attention = 1e-6\n[render]\nenabled = false\n')
+    done = particles_cli("run", scene, "--out", tmp_path / "run")
+    assert done.returncode == 2, done.stderr
+    assert str(scene) in done.stderr and "[dynamics] stop_attention: the attention rows are computed " \
+        "for the built-in rules exp, softmax, relu; head 1 has rule 'sinkhorn'" in done.stderr
+    assert not (tmp_path / "run" / "log.csv").exists()
