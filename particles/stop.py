@@ -98,23 +98,25 @@ def _rows(q, k, rows: slice, beta: float, attention) -> np.ndarray:
     """w_ij for i in ``rows`` and every key j (docs/MODEL.md; masks, ALiBi, the rule's
     normalisation over the visible keys): (rows, n) float64."""
     n = k.shape[0]
-    i = np.arange(rows.start, rows.stop)[:, None]
-    offset = np.arange(n)[None, :] - i                     # j - i
-    below, above = attention.band
-    visible = (offset >= -below) & (offset <= above)
     z = beta * (q[rows] @ k.T)
-    if attention.alibi:
-        z = z - attention.alibi * np.abs(offset)
+    if attention.masked or attention.alibi:
+        offset = np.arange(n)[None, :] - np.arange(rows.start, rows.stop)[:, None]   # j - i
+        below, above = attention.band
+        visible = (offset >= -below) & (offset <= above)
+        count = visible.sum(axis=1, keepdims=True)
+        if attention.alibi:
+            z = z - attention.alibi * np.abs(offset)
+        z = np.where(visible, z, -np.inf)                  # weight 0 where hidden
+    else:
+        count = n
     name = attention.rule.name
     if name == "relu":
-        w = np.where(visible, np.maximum(z, 0.0), 0.0)
-        return w / visible.sum(axis=1, keepdims=True)
-    z = np.where(visible, z, -np.inf)
+        return np.maximum(z, 0.0) / count
     top = z.max(axis=1, keepdims=True)
-    e = np.exp(z - top)                                    # 0 where hidden
+    e = np.exp(z - top)
     if name == "softmax":
         return e / e.sum(axis=1, keepdims=True)
-    return e * np.exp(top - np.log(visible.sum(axis=1, keepdims=True)))   # exp: e^z / count
+    return e * np.exp(top - np.log(count))                 # exp: e^z / count
 
 
 def attention_change(before: np.ndarray, after: np.ndarray, layer_before, layer_after, betas,
