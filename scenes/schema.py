@@ -654,18 +654,30 @@ def _layers(problems, raw, dyn: dict, d, base_dir: Path, n_heads):
     return out
 
 
-def _check_rule_names(problems, data) -> None:
-    """Every rule a head or layer names is built in or comes from [dynamics] rule_file."""
-    if "rule_file" in data["dynamics"]:
-        return
+def _named_rules(data) -> list[tuple[str, str]]:
+    """(where, rule) of every rule a head or layer names."""
     entries = []
     for where, heads in [("", data["heads"])] + [(f"[[layers]] #{i} ", layer.get("heads", []))
                                                  for i, layer in enumerate(data.get("layers", []), 1)]:
         entries += [(f"{where}head", h) for h in (heads if isinstance(heads, list) else [heads])]
     entries += [(f"[[layers]] #{i}", layer) for i, layer in enumerate(data.get("layers", []), 1)]
-    for where, entry in entries:
-        rule = entry.get("rule")
-        if rule is not None and rule not in BUILTIN_RULES:
+    return [(where, entry["rule"]) for where, entry in entries if entry.get("rule") is not None]
+
+
+def _check_rule_names(problems, data) -> None:
+    """Every rule a head or layer names is built in or comes from [dynamics] rule_file; with
+    [dynamics] stop_attention, one whose attention rows particles.stop computes."""
+    named = _named_rules(data)
+    if "stop_attention" in data["dynamics"]:
+        for where, rule in named:
+            if rule not in ("exp", "softmax", "relu"):
+                problems.append(f"[dynamics] stop_attention: the attention rows are computed for the built-in "
+                                f"rules exp, softmax and relu; {where} rule is '{rule}'; remove stop_attention "
+                                "or use one of them")
+    if "rule_file" in data["dynamics"]:
+        return
+    for where, rule in named:
+        if rule not in BUILTIN_RULES:
             problems.append(f"{where} rule: '{rule}' is not a built-in rule ({', '.join(BUILTIN_RULES)}); "
                             "give [dynamics] rule_file = 'my_rule.py' that registers it")
 

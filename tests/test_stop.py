@@ -248,8 +248,8 @@ def test_attention_rule_state_survives_a_checkpoint_exactly():
 
 
 def test_attention_rule_on_a_head_with_a_rule_it_cannot_compute_exits_2_naming_the_file(tmp_path):
-    """A head's own Sinkhorn rule is seen once the heads are built: the command refuses the
-    scene (exit 2, the file and the key named) before any file of the run is written."""
+    """A head's own Sinkhorn rule: the command refuses the scene (exit 2, the file, the key and
+    the head named) before any file of the run is written."""
     from cli_runner import particles_cli
     scene = tmp_path / "heads.toml"
     scene.write_text('name = "heads"\n[tokens]\nn = 8\nd = 3\n[[heads]]\nkind = "scalar"\n'
@@ -258,5 +258,19 @@ def test_attention_rule_on_a_head_with_a_rule_it_cannot_compute_exits_2_naming_t
     done = particles_cli("run", scene, "--out", tmp_path / "run")
     assert done.returncode == 2, done.stderr
     assert str(scene) in done.stderr and "[dynamics] stop_attention: the attention rows are computed " \
-        "for the built-in rules exp, softmax, relu; head 1 has rule 'sinkhorn'" in done.stderr
-    assert not (tmp_path / "run" / "log.csv").exists()
+        "for the built-in rules exp, softmax and relu; head rule is 'sinkhorn'" in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_attention_rule_refuses_a_simulation_it_cannot_watch():
+    """Through the API (no scene to refuse first) the writer refuses at the loop's start."""
+    from particles.drive import drive
+    from particles.errors import ParticlesUserError
+    from particles.stop import StopRules, StopWriter
+    x = np.random.default_rng(0).normal(size=(6, 3))
+    sim = Simulation(x, [np.eye(3), np.eye(3)], beta=1.0, dt=0.05, rule="softmax",
+                     attention=[Attention(), Attention(rule="sinkhorn")])
+    with pytest.raises(ParticlesUserError, match="stop rule attention: the attention rows are computed for "
+                                                  "the built-in rules exp, softmax, relu; head 1 has rule 'sinkhorn'"):
+        drive(sim, [StopWriter(StopRules(attention=1e-6), 1, 2)], 5)
+    assert sim.step_count == 0

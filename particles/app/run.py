@@ -35,7 +35,7 @@ from particles.observables import columns
 from particles.normalisation import RADIAL, RADIUS_COLUMNS
 from particles.output import RunFileError, atomic_write_text, chunk_name, refuse_link, remove_file, write_json
 from particles.simulation import BlowUpError
-from particles.stop import StopRules, StopWriter, attention_refusal
+from particles.stop import StopRules, StopWriter
 
 from .build import build_simulation
 from .checkpoint import (CheckpointWriter, content_hashes, read_checkpoint, scene_fingerprint,
@@ -219,10 +219,6 @@ def _version_warning(run_dir: Path, previous: dict | None) -> str | None:
 def stop_writer(scene, sim, log_every: int):
     """The scene's stop rules ([dynamics] stop_*) as a drive writer on the log's grid, or None."""
     rules = StopRules.from_dynamics(scene.data["dynamics"], scene.log.cluster_threshold)
-    why = attention_refusal(sim) if rules.attention is not None else None
-    if why:
-        with _naming_scene_file(scene):
-            raise ParticlesUserError(f"[dynamics] stop_attention: {why}; remove the key or use one of them")
     return StopWriter(rules, log_every, sim.n_heads) if rules.any else None
 
 
