@@ -290,6 +290,8 @@ class StopWriter(Writer):
                 self.attention_rate = opt(att["rate"])
                 self.previous = None if att["tokens"] is None else (
                     int(att["step"]), float(att["t"]), np.array(att["tokens"], dtype=np.float64))
+                if self.previous is not None and self.previous[2].ndim != 3:
+                    raise ValueError(f"attention tokens of shape {self.previous[2].shape}, not (R, n, d)")
         except (KeyError, TypeError, ValueError) as err:
             raise ParticlesUserError(f"stop rule state is malformed ({type(err).__name__}: {err})") from None
 
