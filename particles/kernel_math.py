@@ -135,6 +135,29 @@ def rebased_entropy_sum(ent, wsum, shift, scale):
     return scale * (ent + shift * wsum)
 
 
+def online_rebase(exp, clamp=None):
+    """A ti.func rebase(m, m_new, wsum, ent, observe) -> (scale, wsum, ent): a row's running
+    sums re-based from its maximum m onto a new one m_new >= m, scale = e^(m - m_new) <= 1
+    (the entropy sum only with observe, a compile-time switch); the caller scales its value
+    accumulator by the returned scale, in its own layout. ``exp`` is the layout's (scalar ti.exp
+    or the lanes' ``exp_clamped``, whose argument ``clamp`` bounds below, as it does the
+    entropy sum's shift)."""
+    clamped = clamp is not None
+
+    @ti.func
+    def rebase(m, m_new, wsum, ent, observe: ti.template()):
+        shift = m - m_new
+        if ti.static(clamped):
+            shift = clamp(shift)
+        scale = exp(shift)
+        ent_out = ent
+        if ti.static(observe):
+            ent_out = rebased_entropy_sum(ent, wsum, shift, scale)
+        return scale, wsum * scale, ent_out
+
+    return rebase
+
+
 @ti.func
 def row_entropy(log_wsum, ent, wsum):
     """-sum_j p_j log p_j of p_j = w_j / wsum, from log wsum and ent = sum_j w_j log w_j with

@@ -68,6 +68,7 @@ class KernelSet:
         entropy_rebase, _ = kernel_math.kernel_entropy(real)
         row_norm = kernel_math.normalisation(real, softmax_norm, exponential)
         finish_row = kernel_math.row_finish(real, exponential)
+        rebase = kernel_math.online_rebase(ti.exp)
         NEG_BIG = -3.0e38 if dtype == "float32" else -1.0e300
         n_slots = n_tok_slots(H)
         unrolled = d <= kernel_math.UNROLL_MAX_D   # loops over components unrolled at compile time
@@ -137,10 +138,7 @@ class KernelSet:
                     w = c(0)
                     if ti.static(exponential):
                         if z > m:
-                            scale = ti.exp(m - z)
-                            if ti.static(observe):
-                                ent = kernel_math.rebased_entropy_sum(ent, wsum, m - z, scale)
-                            wsum *= scale
+                            scale, wsum, ent = rebase(m, z, wsum, ent, observe)
                             acc *= scale
                             m = z
                         w = ti.exp(z - m)
@@ -559,6 +557,7 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
     u_arr = arr1 if lanes_j else vecA
     row_norm = kernel_math.normalisation(real, softmax_norm, True, guarded=False)
     finish_row = kernel_math.row_finish(real, True, guarded=False)
+    rebase = kernel_math.online_rebase(ti.exp)
 
     @ti.func
     def c(value):
@@ -795,10 +794,7 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
                         top = ti.max(top, key(w[t, j]))
                     mb = unkey(top)
                     if mb > m[t]:
-                        # a new row maximum: re-base the sums on it
-                        scale = ti.exp(m[t] - mb)
-                        ent[t] = kernel_math.rebased_entropy_sum(ent[t], wsum[t], m[t] - mb, scale)
-                        wsum[t] *= scale
+                        scale, wsum[t], ent[t] = rebase(m[t], mb, wsum[t], ent[t], True)
                         for a in range(rva):
                             acc[t, a] *= scale
                         m[t] = mb

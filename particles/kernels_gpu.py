@@ -158,6 +158,7 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
     entropy_rebase, _ = kernel_math.kernel_entropy(real)
     row_norm = kernel_math.normalisation(real, softmax_norm, exponential)
     finish_row = kernel_math.row_finish(real, exponential)
+    rebase = kernel_math.online_rebase(ti.exp)
     NEG_BIG = -3.0e38 if dtype == "float32" else -1.0e300
     T = THREADS
     RT = rows_per_thread(r, rv)
@@ -262,10 +263,7 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
                             w = c(0)
                             if ti.static(exponential):
                                 if z > m[s]:
-                                    scale = ti.exp(m[s] - z)
-                                    if ti.static(observe):
-                                        ent[s] = kernel_math.rebased_entropy_sum(ent[s], wsum[s], m[s] - z, scale)
-                                    wsum[s] *= scale
+                                    scale, wsum[s], ent[s] = rebase(m[s], z, wsum[s], ent[s], observe)
                                     for a in ti.static(range(rv)):
                                         acc[s, a] *= scale
                                     m[s] = z

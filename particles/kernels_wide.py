@@ -151,6 +151,8 @@ def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: 
             result = ti.max(z, c(CLAMP))
         return result
 
+    rebase = kernel_math.online_rebase(exp_clamped, clamp)
+
     @ti.kernel
     def transpose(x: arr3, xt: v3):
         """The tokens with rows in lanes (zero padding), once per evaluation."""
@@ -254,10 +256,7 @@ def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: 
                     # a new maximum re-bases the sums (scale = e^(m_old - m_new) <= 1)
                     for t in ti.static(range(TR)):
                         mn = ti.max(m[t], top[t])
-                        shift = clamp(m[t] - mn)
-                        scale = exp_clamped(shift)
-                        ent[t] = kernel_math.rebased_entropy_sum(ent[t], wsum[t], shift, scale)
-                        wsum[t] = wsum[t] * scale
+                        scale, wsum[t], ent[t] = rebase(m[t], mn, wsum[t], ent[t], True)
                         for a in range(rvp):
                             acc[s, t, a] = acc[s, t, a] * scale
                         m[t] = mn
