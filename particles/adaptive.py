@@ -22,6 +22,11 @@ h_r = 0 and is left as it is, though the velocity pass still computes it):
                  rejection h <- h / min(5, err^(1/(q+1)) / 0.9) (h / 5 when not finite), and
                  no growth right after one
 
+On the fused path a whole attempt of a first-same-as-last pair (stages 2..S, the new state,
+the error norms, the accept) is one launch of the fused kernel (``FusedSteps.attempt``), with
+the per-replica steps in and the error sums out as host arrays; elsewhere each evaluation,
+stage combination, the error norms and the accept are launches of their own.
+
 Everything a replica computes reads only its own rows, so a replica of an ensemble takes the
 steps it would take alone, to the bit. The controller's state (the proposed step and the
 last accepted error per replica) is what a checkpoint keeps (``state``/``restore``), so a
@@ -33,6 +38,7 @@ import math
 import numpy as np
 import taichi as ti
 
+from . import paths
 from .errors import BlowUpError, ParticlesUserError
 from .integrators import Adaptive
 
@@ -276,10 +282,22 @@ class Stepper:
         self.first_slope_at = None   # (step, layer) whose velocity the first slope holds
         self.observed_at = None      # (step, layer) whose row sim.observe() has recorded
         self.evaluate = Evaluator(sim)
+        # the fused path takes a whole attempt of a first-same-as-last pair in one launch
+        # (``FusedSteps.attempt``): its stages, new state, error norms and accept
+        self.attempt = None
+        if sim._fused is not None and self.fsal:
+            self.attempt = paths.factory(sim.plan.implementations[0].name)(
+                sim.rule, sim.geometry, sim.dtype, d, sim.n_heads, sim.score_rank, sim.value_rank,
+                tableau, R, n, attempt=True)
+            self.h64 = np.zeros(R)
+            self.err_tokens = np.zeros((R, n + 1))   # per token, then their sum per replica
         self._warm_up()
 
     def _warm_up(self) -> None:
         """Compile the kernels now (h = 0 and no flag: nothing changes)."""
+        if self.attempt is not None:
+            self.attempt.attempt(self.sim._operands, self.h64, self.err_tokens, 1e-6, 1e-6)
+            return
         combine, accept = self.kern[0], self.kern[-1]
         ks = self.slopes + [self.slopes[0]] * (MAX_STAGES - len(self.slopes))
         for nterms in sorted({min(s, 3) if s <= 3 else min(s, 5) if s <= 5 else 7
@@ -406,6 +424,18 @@ class Stepper:
             h = np.where(clipped, remaining, np.minimum(self.h_next, remaining))
             h = np.where(running, h, 0.0)
             np.copyto(self.h_host, h, casting="unsafe")
+            if self.attempt is not None:
+                np.copyto(self.h64, self.h_host)
+                self.attempt.attempt(sim._operands, self.h64, self.err_tokens, st.rtol, st.atol)
+                self.evaluations += S - 1
+                err = np.sqrt(self.err_tokens[:, sim.n] / (sim.n * sim.d))
+                ok = running & (err <= 1.0)   # the kernel accepted these (h != 0 where running)
+                self._control(self.h64.copy(), err, ok, running & ~ok, clipped)
+                t = np.where(ok, t + h, t)
+                t[ok & clipped] = length
+                running &= ~(ok & clipped)
+                self._check_floor(running, floor, t)
+                continue
             last = S - 1 if self.fsal else S
             for s in range(1, last):
                 combine(self.point, sim._x, self.h_host, self.stage_coef[s - 1], s, *ks)
@@ -427,16 +457,21 @@ class Stepper:
             t = np.where(ok, t + h, t)
             t[ok & clipped] = length
             running &= ~(ok & clipped)
-            low = running & (self.h_next < floor)
-            if low.any():
-                r = int(np.argmax(low))
-                where = f"replica {r}, " if sim.ensemble else ""
-                raise BlowUpError(
-                    f"adaptive step underflow at step {sim.step_count} (+{t[r]:.6g} in time): {where}the "
-                    f"controller needs a step of {self.h_next[r]:.3g}, below dt_min = {floor:.3g}. The "
-                    f"flow is too stiff (or not finite) for rtol = {st.rtol:g}, atol = {st.atol:g}: "
-                    "loosen the tolerances, lower dt_min, or check the heads and beta",
-                    sim.step_count, r, -1)
+            self._check_floor(running, floor, t)
+
+    def _check_floor(self, running, floor: float, t) -> None:
+        """BlowUpError when a running replica's next step falls below the floor."""
+        sim, st = self.sim, self.settings
+        low = running & (self.h_next < floor)
+        if low.any():
+            r = int(np.argmax(low))
+            where = f"replica {r}, " if sim.ensemble else ""
+            raise BlowUpError(
+                f"adaptive step underflow at step {sim.step_count} (+{t[r]:.6g} in time): {where}the "
+                f"controller needs a step of {self.h_next[r]:.3g}, below dt_min = {floor:.3g}. The "
+                f"flow is too stiff (or not finite) for rtol = {st.rtol:g}, atol = {st.atol:g}: "
+                "loosen the tolerances, lower dt_min, or check the heads and beta",
+                sim.step_count, r, -1)
 
     def _control(self, h, err, ok, bad, clipped) -> None:
         """The next proposed step of every replica that attempted one (see the module)."""

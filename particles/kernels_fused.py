@@ -90,7 +90,8 @@ class FusedSteps:
     """The fused kernel and its scratch for R replicas of n tokens."""
 
     def __init__(self, rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: int,
-                 integrator, R: int, n: int):
+                 integrator, R: int, n: int, attempt: bool = False):
+        """attempt: the kernel takes one adaptive attempt per launch (``attempt``), not steps."""
         real = ti.f32 if dtype == "float32" else ti.f64
         L = 16 if dtype == "float32" else 8
         self.L, self.n = L, n
@@ -100,13 +101,13 @@ class FusedSteps:
         npad = -(-n // JB) * JB    # columns padded to whole score tiles
         rvp = -(-rv // AC) * AC    # value components padded to whole accumulator tiles
         vec = ti.types.vector(L, real)
-        self.kernel = _fused_kernel(rule, geometry, dtype, d, H, r, rv, integrator, L, TR, AC)
+        self.kernel = _fused_kernel(rule, geometry, dtype, d, H, r, rv, integrator, L, TR, AC, attempt)
 
         def varr(*shape):
             return ti.ndarray(vec, shape=shape)
 
         self.xt, self.st, self.at = (varr(R, d, nbl) for _ in range(3))
-        self.kt = varr(R, integrator.slope_buffers * d, nbl)
+        self.kt = varr(R, (integrator.stages if attempt else integrator.slope_buffers) * d, nbl)
         self.qv, self.gv = varr(R, H, r, nblp), varr(R, H, rvp, nblp)
         self.ks = varr(R, H, npad, -(-r // L))   # per token, the rank over lanes
         self.us = varr(R, H, n, -(-rvp // L))
@@ -131,6 +132,7 @@ class FusedSteps:
         self.mask = varr(nbl)
         m = (np.arange(nbl * L) < n).astype(np.float32 if dtype == "float32" else np.float64)
         self.mask.from_numpy(m.reshape(nbl, L))
+        self._no_attempt = (ti.ndarray(ti.f64, shape=(1,)), ti.ndarray(ti.f64, shape=(1, 1)))
         self._compiled = False
 
     def __call__(self, ops, dt: float, step_count: int, steps: int, observe_every: int,
@@ -139,10 +141,23 @@ class FusedSteps:
         state (observed if observe_now, reduced into batch slot ``slot``). ops: ``layout.Operands``."""
         if self.max_steps is not None and steps > self.max_steps:  # the phase counters' size
             raise ValueError(f"a shared fused launch takes at most {self.max_steps} steps, got {steps}")
+        self._launch(ops, dt, step_count, steps, observe_every, observe_now, slot, *self._no_attempt, 0.0, 0.0)
+
+    def attempt(self, ops, h, err, rtol: float, atol: float) -> None:
+        """One adaptive attempt of every replica r of an embedded first-same-as-last pair from
+        ops.x with its first slope in ops.xdot, step h[r] (float64, 0: left as it is): the
+        other stages, the new state (retracted), per token its sum over components of the
+        scaled squared error into err[r, :n] and their sum in token order into err[r, n]
+        (``adaptive``'s norm, +inf where not finite); where sqrt(err[r, n] / (n d)) <= 1 and
+        h[r] != 0, ops.x and ops.xdot take the new state and its slope."""
+        self._launch(ops, 0.0, 0, 1, 0, False, 0, h, err, rtol, atol)
+
+    def _launch(self, ops, dt, step_count, steps, observe_every, observe_now, slot, h, err, rtol, atol):
         args = (ops.x, ops.Q, ops.K, ops.W, ops.O, ops.beta, ops.xdot, ops.tok, ops.red,
                 ops.sumx, self.xt, self.st, self.kt, self.at, self.qv, self.ks, self.us, self.kw, self.ww, self.gv,
                 self.fv, self.rowv, self.zs, self.mask, self.sync, dt, int(steps),
-                int(observe_every), int(step_count), int(observe_now), int(slot), self.workers)
+                int(observe_every), int(step_count), int(observe_now), int(slot), self.workers,
+                h, err, float(rtol), float(atol))
         with kernels.compile_options(scalarize=False, active=not self._compiled):
             self.kernel(*args)
         self._compiled = True
@@ -150,7 +165,7 @@ class FusedSteps:
 
 @functools.lru_cache(maxsize=None)
 def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: int,
-                  integrator, L: int, TR: int, AC: int):
+                  integrator, L: int, TR: int, AC: int, attempt: bool = False):
     real = ti.f32 if dtype == "float32" else ti.f64
     f32 = dtype == "float32"
     sphere = geometry == "sphere"
@@ -160,6 +175,14 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
     SLOT = integrator.slope_slots       # stage s's slope lives in kt[b, SLOT[s] d + e]
     TERMS = [integrator.terms(s) for s in range(STAGES)] + [()]  # (a[s][j], j) of stage s's point
     CHAIN = integrator.slope_buffers == 1  # stage s reads only the slope of stage s - 1
+    # ATTEMPT: one adaptive attempt (``FusedSteps.attempt``): evaluation e is stage e + 1, the
+    # first slope given; every slope kept for the embedded error (ERROR = b - b_hat)
+    ATTEMPT, FIRST = attempt, int(attempt)
+    B = [w / DENOMINATOR for w in WEIGHTS]
+    ERROR = [u - w / DENOMINATOR for u, w in zip(B, integrator.b_hat or B)]
+    POINTS = list(integrator.a[:STAGES - 2]) + [B[:-1]]   # after stage s, stage s + 1's row
+    if ATTEMPT:
+        SLOT, CHAIN = tuple(range(STAGES)), False
     exponential = rule.exponential
     softmax_norm = rule.normalization == "softmax"
     with_potential = rule.potential is not None and not exponential
@@ -174,6 +197,8 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
     arr1 = ti.types.ndarray(dtype=real, ndim=1)
     arr3 = ti.types.ndarray(dtype=real, ndim=3)
     f64arr4 = ti.types.ndarray(dtype=ti.f64, ndim=4)
+    f64arr1 = ti.types.ndarray(dtype=ti.f64, ndim=1)
+    f64arr2 = ti.types.ndarray(dtype=ti.f64, ndim=2)
     v1 = ti.types.ndarray(dtype=vec, ndim=1)
     i64arr1 = ti.types.ndarray(dtype=ti.i64, ndim=1)
     v3 = ti.types.ndarray(dtype=vec, ndim=3)
@@ -409,7 +434,18 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
         acc = sum_s WEIGHTS[s] k_s, the next stage point x + REACH[s] dt k_s; at the last
         stage x + (dt / DENOMINATOR) acc, then the retraction."""
         last = stage == STAGES - 1
-        if ti.static(CHAIN):  # one slope buffer: the stage's weight and reach chosen at run time
+        if ti.static(ATTEMPT):  # stage s + 1's point x + h sum_j a[s + 1][j] k_j (as adaptive's
+            for s in ti.static(range(STAGES - 1)):     # combinations); the last, the new state
+                if stage == s:
+                    for e in ti.static(range(d)):
+                        acc = splat(0)
+                        for j in ti.static(range(s + 1)):
+                            if ti.static(POINTS[s][j] != 0):
+                                acc = acc + c(POINTS[s][j]) * kt[b, j * d + e, jl]
+                        st[b, e, jl] = xt[b, e, jl] + dt * acc
+                    if ti.static(sphere and s == STAGES - 2):
+                        retract_group(st, mask, b, jl)
+        elif ti.static(CHAIN):  # one slope buffer: the stage's weight and reach chosen at run time
             keep = c(0) if stage == 0 else c(1)
             weight = c(WEIGHTS[0])
             reach = c(REACH[0]) * dt
@@ -448,6 +484,35 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                 retract_group(xt, mask, b, jl)
 
     @ti.func
+    def token_errors(b, jl, xt: ti.template(), st: ti.template(), kt: ti.template(), h, rtol, atol,
+                     err: ti.template(), n):
+        """err[b, i] for the L tokens of group jl: the sum over components of
+        (h sum_j ERROR_j k_j / (atol + rtol max(|x|, |x_new|)))^2 in float64, +inf where a slope
+        or the new state is not finite, 0 where h = 0 (``adaptive``'s token_error, in lanes)."""
+        hb = ti.cast(h, ti.f64)
+        for k in range(L):
+            i = jl * L + k
+            if i < n:
+                acc = ti.cast(0, ti.f64)
+                if hb != 0:
+                    for e in ti.static(range(d)):
+                        s = ti.cast(0, ti.f64)
+                        for j in ti.static(range(STAGES)):
+                            kv = ti.cast(kt[b, j * d + e, jl][k], ti.f64)
+                            v = kv - kv    # NaN for a non-finite slope: such a stage rejects the step
+                            if ti.static(ERROR[j] != 0):
+                                v += ti.cast(ERROR[j], ti.f64) * kv
+                            s += v
+                        xo = ti.cast(xt[b, e, jl][k], ti.f64)
+                        xn = ti.cast(st[b, e, jl][k], ti.f64)
+                        scale = atol + rtol * ti.max(ti.abs(xo), ti.abs(xn))
+                        q = hb * s / scale + (xn - xn)   # NaN for a non-finite new state
+                        acc += q * q
+                    if ti.math.isnan(acc) or ti.math.isinf(acc):
+                        acc = ti.math.inf
+                err[b, i] = acc
+
+    @ti.func
     def claim(sync: ti.template(), phase, u, workers):
         """The worker's next unit of the phase after unit u (u = -1: its first), marking u
         done. One worker takes them in order, touching no counter."""
@@ -481,7 +546,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
               red: f64arr4, sumx: f64arr4, xt: v3, st: v3, kt: v3, at: v3, qv: v4, ks: v4, us: v4, kw: v3, ww: v3,
               gv: v4, fv: v4, rowv: v4, zs: v3, mask: v1, sync: i64arr1, dt: real, steps: ti.i32,
               observe_every: ti.i32, start_step: ti.i32, observe_now: ti.i32, slot0: ti.i32,
-              workers: ti.i32):
+              workers: ti.i32, hstep: f64arr1, err: f64arr2, rtol: ti.f64, atol: ti.f64):
         """``steps`` steps of every replica (or, with steps = 0, xdot at the current state).
 
         ``workers`` threads share the work of every replica in phases (rows: the update and
@@ -491,6 +556,8 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
         (``barrier``)."""
         if workers > 1:
             evaluations = steps * STAGES if steps > 0 else 1
+            if ti.static(ATTEMPT):
+                evaluations = STAGES - 1
             for p in range(ti.min(4 * (evaluations + 1) + 1, (sync.shape[0] - 8 * (workers + 1)) // 16)):
                 sync[16 * p] = ti.cast(0, ti.i64)
                 sync[16 * p + 8] = ti.cast(0, ti.i64)
@@ -502,6 +569,8 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
             rows_total = R * nbl
             pairs_total = R * H * ngroups
             evaluations = steps * STAGES if steps > 0 else 1
+            if ti.static(ATTEMPT):
+                evaluations = STAGES - 1
             phase = 0
             active = True  # False once this worker has left the launch
             slot = slot0
@@ -530,25 +599,35 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                         u = claim(sync, phase, -1, workers)
                         while u < rows_total:
                             b, jl = u // nbl, u % nbl
+                            step = dt
+                            if ti.static(ATTEMPT):
+                                step = ti.cast(hstep[b], real)
                             if rounds == 0:
                                 if e == 0:
                                     for comp in range(d):  # into the transposed layout
                                         v = splat(0)
+                                        v1 = splat(0)
                                         for k in range(L):
                                             if jl * L + k < n:
                                                 v[k] = x[b, jl * L + k, comp]
+                                                if ti.static(ATTEMPT):  # the first slope
+                                                    v1[k] = xdot[b, jl * L + k, comp]
                                         xt[b, comp, jl] = v
+                                        if ti.static(ATTEMPT):
+                                            kt[b, comp, jl] = v1
                                 else:
-                                    rows_output(b, jl, st, kt, slope_base((e - 1) % STAGES), Of,
+                                    rows_output(b, jl, st, kt, slope_base((e - 1 + FIRST) % STAGES), Of,
                                                 observed_before, n, gv, fv, rowv, tok)
                             if rounds == 1 or not observed_before:
-                                if e > 0 and steps > 0:
-                                    rows_advance(b, jl, (e - 1) % STAGES, dt, xt, st, kt, at, mask)
+                                if (e > 0 or ATTEMPT) and steps > 0 and (e < evaluations or not ATTEMPT):
+                                    rows_advance(b, jl, (e - 1 + FIRST) % STAGES, step, xt, st, kt, at, mask)
                                 if e < evaluations:
-                                    if e % STAGES == 0:
+                                    if not ATTEMPT and e % STAGES == 0:
                                         for comp in ti.static(range(d)):
                                             st[b, comp, jl] = xt[b, comp, jl]
                                     rows_project(b, jl, st, Qf, kw, ww, beta, n, qv, ks, us)
+                                elif ti.static(ATTEMPT):
+                                    token_errors(b, jl, xt, st, kt, step, rtol, atol, err, n)
                                 else:  # back to (n, d): the new state, or xdot
                                     for comp in range(d):
                                         v = xt[b, comp, jl] if steps > 0 else kt[b, comp, jl]
@@ -580,6 +659,20 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                     active = barrier(sync, phase, pairs_total, workers, w)
                     phase += 1
                 observed_before = observe
+            if ti.static(ATTEMPT):  # per replica: the error norm; accepted, back to (n, d)
+                if active:
+                    u = claim(sync, phase, -1, workers)
+                    while u < R:
+                        total = ti.cast(0, ti.f64)
+                        for i in range(n):   # in token order: the same bits whatever the threads
+                            total += err[u, i]
+                        err[u, n] = total
+                        if hstep[u] != 0 and ti.sqrt(total / (n * d)) <= 1.0:
+                            for i in range(n):
+                                for comp in ti.static(range(d)):
+                                    x[u, i, comp] = st[u, comp, i // L][i % L]
+                                    xdot[u, i, comp] = kt[u, (STAGES - 1) * d + comp, i // L][i % L]
+                        u = claim(sync, phase, u, workers)
 
     return fused
 

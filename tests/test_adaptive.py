@@ -95,16 +95,20 @@ def test_embedded_weights_satisfy_their_order_conditions():
     assert not integrators.RK4.fsal
 
 
+@pytest.mark.parametrize("path", ["fused", "tiled"])
 @pytest.mark.parametrize("tableau", PAIRS, ids=lambda t: t.name)
-def test_one_accepted_adaptive_step_is_its_numpy_tableau_step(tableau):
-    """An attempt's stage combinations (kernels of 3, 5 or 7 slope arguments by stage) and new
-    state: one accepted step of h = dt_max from the NumPy tableau to 1e-12, on two replicas."""
+def test_one_accepted_adaptive_step_is_its_numpy_tableau_step(tableau, path):
+    """An attempt's stage combinations (tiled: kernels of 3, 5 or 7 slope arguments by stage;
+    fused: the whole attempt in one launch) and new state: one accepted step of h = dt_max
+    from the NumPy tableau to 1e-12, on two replicas."""
     x = np.stack([random_tokens(10, 3, seed=5), random_tokens(10, 3, seed=6)])
     heads = general_heads(2, 3, seed=5)
-    sim = Simulation(x, heads, beta=1.5, rule="softmax", dt=0.04, dtype="float64", path="tiled",
+    sim = Simulation(x, heads, beta=1.5, rule="softmax", dt=0.04, dtype="float64", path=path,
                      integrator=Adaptive(tableau.name, rtol=1e-3, atol=1e-3, dt_max=0.04))
+    assert (sim.stepper.attempt is not None) == (path == "fused")
     sim.advance(1)
     assert sim.stepper.stats()["accepted"] == [1, 1] and sim.stepper.stats()["rejected"] == [0, 0]
+    assert sim.stepper.stats()["evaluations"] == tableau.stages   # the first, then S - 1 (FSAL)
     for r in range(2):
         assert rel_err(sim.tokens[r], _ref_rk_step(x[r], heads, tableau, 0.04, 1.5)) < 1e-12
 
@@ -121,6 +125,25 @@ def test_adaptive_steps_on_the_fused_path_match_the_tiled_path():
         out[sim.path] = (sim.tokens, sim.stepper.stats()["accepted"])
     assert set(out) == {"fused", "tiled"} and out["fused"][1] == out["tiled"][1]
     assert np.max(np.abs(out["fused"][0] - out["tiled"][0])) < 1e-12
+
+
+def test_fused_attempts_shared_by_threads_are_bitwise_one_threads(monkeypatch):
+    """The fused path's whole attempt (stages, error norms, accept) in a launch that two threads
+    share takes the same steps to the bit as one thread alone."""
+    from particles import kernels_fused
+    x = np.stack([random_tokens(40, 3, seed=7), random_tokens(40, 3, seed=8)])
+    heads = general_heads(2, 3, seed=5)
+    out = []
+    for workers in (1, 2):
+        monkeypatch.setattr(kernels_fused, "PARALLEL_MIN_WORK", float("inf") if workers == 1 else 0.0)
+        monkeypatch.setattr(kernels_fused, "available_threads", lambda: workers)
+        sim = Simulation(x, heads, beta=[1.5, 4.0], rule="softmax", dt=0.5, dtype="float64", path="fused",
+                         integrator=Adaptive("dopri5", rtol=1e-8, atol=1e-8))
+        assert sim.stepper.attempt.workers == workers
+        sim.advance(2)
+        out.append((sim.native_tokens(), sim.stepper.stats()))
+    assert out[0][1]["accepted"][0] != out[0][1]["accepted"][1]   # each replica its own steps
+    assert np.array_equal(out[0][0], out[1][0]) and out[0][1] == out[1][1]
 
 
 def test_bad_adaptive_settings_are_refused():
