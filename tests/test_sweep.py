@@ -308,17 +308,7 @@ def test_other_sweep_in_same_folder_is_refused(reference_run, tmp_path):
         run_sweep(other, out.parent)
 
 
-# ----------------------------------------------------------------------------- Ray
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_ray_executor_gives_the_same_table(reference_run, tmp_path):
-    pytest.importorskip("ray")
-    _, _, ref = reference_run
-    path = write(tmp_path, SMALL.format(batch=4))
-    out = run_sweep(path, tmp_path / "out", executor="ray", workers=2)
-    assert_same_table(table(out), ref)
-    assert len((tmp_path / "out" / LEDGER).read_text().splitlines()) == 3
+# the Ray executor's table against this one: tests/test_ray.py (one module, fewer Ray starts)
 
 
 # ----------------------------------------------------------------------------- plots and CLI
