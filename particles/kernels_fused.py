@@ -101,7 +101,6 @@ class FusedSteps:
         npad = -(-n // JB) * JB    # columns padded to whole score tiles
         rvp = -(-rv // AC) * AC    # value components padded to whole accumulator tiles
         vec = ti.types.vector(L, real)
-        self.kernel = _fused_kernel(rule, geometry, dtype, d, H, r, rv, integrator, L, TR, AC, attempt)
 
         def varr(*shape):
             return ti.ndarray(vec, shape=shape)
@@ -119,6 +118,11 @@ class FusedSteps:
         self.fv = varr(R, H, d, nbl)
         self.rowv = varr(R, H, 3, nblp)  # entropy, row energy, radial a^h
         self.workers = workers = fused_workers(n, H, r, rv, R)
+        # an attempt of one worker runs on the launching thread: a parallel dispatch wakes a pool
+        # thread and waits for it (~100 us and more on a loaded machine), where an attempt at
+        # n = 64 computes for ~200 us
+        self.kernel = _fused_kernel(rule, geometry, dtype, d, H, r, rv, integrator, L, TR, AC, attempt,
+                                    attempt and workers == 1)
         self.zs = varr(workers, TR, npad)
         # per launch: short enough (~10 ms) that a launch whose threads lost each other (one
         # left at a barrier, see ``barrier``) costs little; None: one thread, any length
@@ -165,7 +169,7 @@ class FusedSteps:
 
 @functools.lru_cache(maxsize=None)
 def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: int,
-                  integrator, L: int, TR: int, AC: int, attempt: bool = False):
+                  integrator, L: int, TR: int, AC: int, attempt: bool = False, serial: bool = False):
     real = ti.f32 if dtype == "float32" else ti.f64
     f32 = dtype == "float32"
     sphere = geometry == "sphere"
@@ -561,7 +565,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
             for p in range(ti.min(4 * (evaluations + 1) + 1, (sync.shape[0] - 8 * (workers + 1)) // 16)):
                 sync[16 * p] = ti.cast(0, ti.i64)
                 sync[16 * p + 8] = ti.cast(0, ti.i64)
-        ti.loop_config(block_dim=1)  # a worker is a whole task
+        ti.loop_config(block_dim=1, serialize=serial)  # a worker is a whole task
         for w in range(workers):
             R, n = x.shape[0], x.shape[1]
             nbl = mask.shape[0]
