@@ -108,7 +108,7 @@ def time_per_call(fn, min_time, min_reps, sync=lambda: None):
 
 
 def interleaved(timed, min_time, samples=5):
-    """{name: (median, min) seconds per call}: each sample times every implementation in
+    """{name: (median, min, max) seconds per call}: each sample times every implementation in
     turn (calls per sample sized from a probe so a sample lasts ~min_time / samples), each
     after a SETTLE_S pause that lets the previous one's thread pools go idle."""
     per, slowest = {}, 0.0
@@ -132,7 +132,7 @@ def interleaved(timed, min_time, samples=5):
                 fn()
             sync()
             times[name].append((time.perf_counter() - t0) / per[name])
-    return {name: (float(np.median(t)), float(np.min(t))) for name, t in times.items()}
+    return {name: (float(np.median(t)), float(np.min(t)), float(np.max(t))) for name, t in times.items()}
 
 
 # -- the machine ----------------------------------------------------------------------------
@@ -319,8 +319,10 @@ def bench_large(n, d, H, name, r, rv, args, rates):
             peers.torch_step(tx, tQ, tK, tO, tW, BETA, DT).numpy() - expect)))
         rec["torch_sdpa"] = peers.torch_sdpa_backend(tx, tQ, tK, tW, BETA)
         timed["torch"] = (lambda: peers.torch_step(tx, tQ, tK, tO, tW, BETA, DT), lambda: None)
-    for key, (med, best) in interleaved(timed, args.min_time).items():
+    for key, (med, best, worst) in interleaved(timed, args.min_time, args.samples).items():
         rec[f"{key}_ms"], rec[f"{key}_best_ms"] = 1e3 * med, 1e3 * best
+        rec[f"{key}_spread"] = worst / best   # max / min of the samples
+    rec["obs_over_bare"] = rec["engine_obs_ms"] / rec["engine_ms"]
     rec["bound_ms"] = 1e3 * bound_seconds(n, H, r, rv, rates)
     for peer in ("numpy", "torch", "bound"):
         if f"{peer}_ms" in rec:
@@ -344,7 +346,7 @@ def bench_small(n, d, H, args):
     if not args.no_numpy:
         timed["numpy"] = (lambda: peers.numpy_rk4_run(x, Q, K, O, W, BETA, DT, run, OBSERVE_EVERY),
                           lambda: None)
-    for key, (med, best) in interleaved(timed, args.min_time).items():
+    for key, (med, best, _) in interleaved(timed, args.min_time, args.samples).items():
         rec[f"{key}_us_per_step"] = 1e6 * med / run
     rec["engine_steps_per_s"] = 1e6 / rec["engine_us_per_step"]
     rec["tiled_over_engine"] = rec["tiled_us_per_step"] / rec["engine_us_per_step"]
@@ -364,7 +366,14 @@ def fmt(v, spec):
 def print_meta(meta):
     print(f"CPU {meta['cpu_model']}, {meta['cpus']} cores, {meta['vector_width_bits']}-bit vectors; "
           f"SGEMM {meta['sgemm_gflops']:.0f} GFLOP/s, exp {meta['exp_g_per_s']:.2f} G/s; "
-          f"taichi {meta['taichi']}, torch {torch_text(meta)}", flush=True)
+          f"taichi {meta['taichi']}, torch {torch_text(meta)}; {load_text(meta)}", flush=True)
+
+
+def load_text(meta):
+    """"load average 3.2 at the start, 4.1 at the end" (1-minute load averages)."""
+    start, end = meta.get("load_average_start"), meta.get("load_average_end")
+    return (f"load average {start[0]:.1f} at the start" if start else "load average -") + \
+        (f", {end[0]:.1f} at the end" if end else "")
 
 
 def torch_text(meta):
@@ -391,22 +400,28 @@ def print_table(records):
     if not records:
         return
     print("\nlarge n: one Euler step (ms, medians; ratios = engine / peer, < 1 means the engine is faster)")
-    print(f"{'n':>6} {'d':>3} {'H':>2} {'heads':<9} {'engine':>9} {'eng+obs':>9} {'numpy':>9} {'torch':>8} "
+    print(f"{'n':>6} {'d':>3} {'H':>2} {'heads':<9} {'engine':>9} {'eng+obs':>9} {'obs/e':>6} {'numpy':>9} {'torch':>8} "
           f"{'bound':>8} {'e/np':>6} {'e/torch':>7} {'e/bound':>7} {'MiB eng':>7} {'np':>6} {'torch':>6} {'|dx|':>8} "
-          f"{'|dx|torch':>9} {'sdpa':>5}  tuning")
+          f"{'|dx|torch':>9} {'spread e/obs/torch':>18} {'sdpa':>5}  tuning")
     for r in records:
         heads = f"{r['structure']} r={r['r']}"
         print(f"{r['n']:>6} {r['d']:>3} {r['H']:>2} {heads:<9} {fmt(r.get('engine_ms'), '9.1f')} "
-              f"{fmt(r.get('engine_obs_ms'), '9.1f')} {fmt(r.get('numpy_ms'), '9.1f')} "
+              f"{fmt(r.get('engine_obs_ms'), '9.1f')} {fmt(r.get('obs_over_bare'), '6.2f')} {fmt(r.get('numpy_ms'), '9.1f')} "
               f"{fmt(r.get('torch_ms'), '8.1f')} {fmt(r.get('bound_ms'), '8.1f')} "
               f"{fmt(r.get('engine_over_numpy'), '6.2f')} {fmt(r.get('engine_over_torch'), '7.2f')} "
               f"{fmt(r.get('engine_over_bound'), '7.2f')} {fmt(r.get('mem_engine_mib'), '7.0f')} "
               f"{fmt(r.get('mem_numpy_mib'), '6.0f')} {fmt(r.get('mem_torch_mib'), '6.0f')} "
               f"{fmt(r.get('max_abs_diff_vs_numpy'), '8.1e')} {fmt(r.get('torch_max_abs_diff_vs_numpy'), '9.1e')} "
-              f"{r.get('torch_sdpa') or '-':>5}  "
+              f"{spreads(r):>18} {r.get('torch_sdpa') or '-':>5}  "
               f"{r.get('tuning') or '-'}", flush=True)
     for (n, d, H, r), ratio in low_rank_speedups(records).items():
         print(f"  ({n}, {d}, {H}): rank-{r} heads {ratio:.1f}x faster than full heads")
+
+
+def spreads(r):
+    """"1.10/1.25/1.05": max / min of the samples of the engine, the engine with observables
+    and torch ("-" where not timed)."""
+    return "/".join(fmt(r.get(f"{key}_spread"), ".2f") for key in ("engine", "engine_obs", "torch"))
 
 
 def markdown(run):
@@ -414,22 +429,25 @@ def markdown(run):
     meta = run["meta"]
     out = [f"Measured {meta['date']} on {meta['cpu_model']} ({meta['cpus']} cores, "
            f"{meta['vector_width_bits']}-bit vectors; SGEMM {meta['sgemm_gflops']:.0f} GFLOP/s, "
-           f"exp {meta['exp_g_per_s']:.1f} G/s in this run), torch {torch_text(meta)}.",
+           f"exp {meta['exp_g_per_s']:.1f} G/s in this run), torch {torch_text(meta)}; {load_text(meta)}.",
            "", "| n | d | H | path | engine us/step | steps/s | tiled path | NumPy RK4 loop | NumPy / engine |",
            "|---|---|---|---|---|---|---|---|---|"]
     for r in run.get("small", []):
         out.append(f"| {r['n']} | {r['d']} | {r['H']} | {r['path']} | {r['engine_us_per_step']:.0f} | "
                    f"{r['engine_steps_per_s']:.0f} | {r['tiled_us_per_step']:.0f} | "
                    f"{fmt(r.get('numpy_us_per_step'), '.0f')} | {fmt(r.get('numpy_over_engine'), '.1f')}x |")
-    out += ["", "| n | d | H | heads | engine ms | with observables | NumPy ms | torch SDPA ms | bound ms "
-            "| engine / torch | engine / bound | RSS growth engine / NumPy / torch MiB |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out += ["", "| n | d | H | heads | engine ms | with observables | observed / bare | NumPy ms "
+            "| torch SDPA ms | bound ms | engine / torch | engine / bound | spread engine / observed / torch "
+            "| RSS growth engine / NumPy / torch MiB |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in run["results"]:
         heads = "full" if r["structure"] == "full" else f"rank {r['r']}"
         out.append(f"| {r['n']} | {r['d']} | {r['H']} | {heads} | {fmt(r.get('engine_ms'), '.1f')} | "
-                   f"{fmt(r.get('engine_obs_ms'), '.1f')} | {fmt(r.get('numpy_ms'), '.1f')} | "
+                   f"{fmt(r.get('engine_obs_ms'), '.1f')} | {fmt(r.get('obs_over_bare'), '.2f')} | "
+                   f"{fmt(r.get('numpy_ms'), '.1f')} | "
                    f"{fmt(r.get('torch_ms'), '.1f')} | {fmt(r.get('bound_ms'), '.1f')} | "
                    f"{fmt(r.get('engine_over_torch'), '.2f')} | {fmt(r.get('engine_over_bound'), '.2f')} | "
+                   f"{spreads(r).replace('/', ' / ')} | "
                    f"{fmt(r.get('mem_engine_mib'), '.0f')} / {fmt(r.get('mem_numpy_mib'), '.0f')} / "
                    f"{fmt(r.get('mem_torch_mib'), '.0f')} |")
     speedups = low_rank_speedups(run["results"])
@@ -463,6 +481,7 @@ def main(argv=None):
     ap.add_argument("--structures", nargs="+", choices=("full", "low"), default=("full", "low"))
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     ap.add_argument("--min-time", type=float, default=None, help="seconds per implementation and point (default 2, quick 0.5)")
+    ap.add_argument("--samples", type=int, default=5, help="interleaved samples per point (3 where a call takes over 1 s)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-RSS subprocesses")
     ap.add_argument("--no-numpy", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
