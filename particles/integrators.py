@@ -20,8 +20,10 @@ xdot). ``observe`` is passed to the first stage, whose point is the current stat
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import ParticlesUserError
 
@@ -132,26 +134,46 @@ class ExplicitRK:
     def slope_buffers(self) -> int:
         return max(self.slope_slots) + 1
 
+    @functools.cached_property
+    def program(self) -> tuple:
+        """The tableau as both interpreters run it (``step`` here, the fused kernel's
+        ``rows_advance``): per stage a ``Stage`` (its point's terms over slope buffers, its
+        weight, the buffer its slope lands in)."""
+        slots = self.slope_slots
+        return tuple(Stage(tuple((v, slots[j]) for v, j in self.terms(s)), self.weights[s], slots[s])
+                     for s in range(self.stages))
+
     def step(self, ops, dt: float, observe: bool) -> None:
-        """One step on the per-kernel paths (the fused kernel unrolls the same tableau)."""
+        """One step on the per-kernel paths: acc = sum_s weight_s k_s, stage s's point
+        x + sum (coefficient dt) k_slot, then x + (dt / denominator) acc and the retraction."""
         x = ops.x
-        k = [ops.slopes[q] for q in self.slope_slots]
-        ops.evaluate(x, k[0], observe)
+        first, *rest = self.program
+        ops.evaluate(x, ops.slopes[first.slot], observe)
         ops.after_first_stage(observe)
-        if self.stages == 1:
-            ops.axpy(x, x, dt * (self.weights[0] / self.denominator), k[0])
+        if not rest:
+            ops.axpy(x, x, dt * (first.weight / self.denominator), ops.slopes[first.slot])
         else:
             xs, acc = ops.stage_x, ops.stage_acc
-            ops.accumulate(acc, self.weights[0], k[0], 1)
-            for s in range(1, self.stages):
+            ops.accumulate(acc, first.weight, ops.slopes[first.slot], 1)
+            for stage in rest:
                 point = x
-                for coefficient, j in self.terms(s):
-                    ops.axpy(xs, point, coefficient * dt, k[j])
+                for coefficient, slot in stage.point:
+                    ops.axpy(xs, point, coefficient * dt, ops.slopes[slot])
                     point = xs
-                ops.evaluate(point, k[s], False)
-                ops.accumulate(acc, self.weights[s], k[s], 0)
+                ops.evaluate(point, ops.slopes[stage.slot], False)
+                ops.accumulate(acc, stage.weight, ops.slopes[stage.slot], 0)
             ops.axpy(x, x, dt / self.denominator, acc)
         ops.retract(x)
+
+
+class Stage(NamedTuple):
+    """One stage of ``ExplicitRK.program``: its point x + dt sum coefficient k_slot over
+    ``point``'s (coefficient, slot) terms (none for the first), its ``weight`` (times the
+    denominator) and the ``slot`` of the slope buffer its slope is written to."""
+
+    point: tuple
+    weight: float
+    slot: int
 
 
 # On the sphere the field v - <v, x> x keeps |x| = 1 invariant, so the stages leave the

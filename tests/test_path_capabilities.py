@@ -218,6 +218,22 @@ def test_tableau_slope_buffers_and_order_conditions():
     assert abs(b_hat.sum() - 1) < 1e-12 and np.max(np.abs(np.array(bs.weights) - bs.b_hat)) > 0.1
 
 
+def test_the_tableau_program_reads_each_slope_from_the_buffer_that_still_holds_it():
+    """ExplicitRK.program (what ExplicitRK.step and the fused kernel's rows_advance both run),
+    played with stage numbers for slopes: every point term finds in its buffer the slope of
+    the stage whose a[s][j] it carries, and the weights are the tableau's."""
+    I = particles.integrators
+    for tableau in (I.EULER, I.HEUN, I.RK4, I.KUTTA_38, I.RALSTON_4, I.BOGACKI_SHAMPINE, I.DOPRI5):
+        held = {}   # slope buffer -> the stage whose slope it holds
+        for s, stage in enumerate(tableau.program):
+            a_row = tableau.a[s - 1] if s else ()
+            read = {held[slot]: coefficient for coefficient, slot in stage.point}
+            assert read == {j: v for j, v in enumerate(a_row) if v != 0}, (tableau.name, s)
+            assert stage.weight == tableau.weights[s]
+            held[stage.slot] = s
+        assert len(held) == tableau.slope_buffers
+
+
 def test_bad_tableaux_are_refused():
     with pytest.raises(ValueError, match="sum to the denominator"):
         ExplicitRK("bad", reach=(1.0,), weights=(1, 2), denominator=2, order=2)
