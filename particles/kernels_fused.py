@@ -414,23 +414,26 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                                                   radial_shadow, row_stat, lanes_to_tok)
 
     @ti.func
-    def reduce_into(b, slot, tok: ti.template(), y: ti.template(), red: ti.template(),
+    def reduce_into(b, s, slot, tok: ti.template(), y: ti.template(), red: ti.template(),
                     sumx: ti.template(), n):
-        """The column reductions of replica b (``kernel_math.reduce_slot``), and sum x_i / |x_i|."""
-        for s in range(n_slots):
+        """Unit s of replica b's reductions: column s (``kernel_math.reduce_slot``), or for
+        s = n_slots the sum of x_i / |x_i|. Each unit sums over the tokens in order, so the
+        units can be shared by threads."""
+        if s < n_slots:
             kernel_math.reduce_slot(tok, b, s, n, red, slot)
-        total = ti.Vector.zero(ti.f64, d)  # each token's norm once (per component was O(n d^2))
-        for i in range(n):
-            il, k = i // L, i % L
-            norm2 = ti.cast(0, ti.f64)
-            for e2 in ti.static(range(d)):
-                norm2 += ti.cast(y[b, e2, il][k], ti.f64) ** 2
-            if norm2 > 0:
-                norm = ti.sqrt(norm2)
-                for e in ti.static(range(d)):
-                    total[e] += ti.cast(y[b, e, il][k], ti.f64) / norm
-        for e in ti.static(range(d)):
-            sumx[slot, b, e, 0] = total[e]
+        else:
+            total = ti.Vector.zero(ti.f64, d)  # each token's norm once (per component was O(n d^2))
+            for i in range(n):
+                il, k = i // L, i % L
+                norm2 = ti.cast(0, ti.f64)
+                for e2 in ti.static(range(d)):
+                    norm2 += ti.cast(y[b, e2, il][k], ti.f64) ** 2
+                if norm2 > 0:
+                    norm = ti.sqrt(norm2)
+                    for e in ti.static(range(d)):
+                        total[e] += ti.cast(y[b, e, il][k], ti.f64) / norm
+            for e in ti.static(range(d)):
+                sumx[slot, b, e, 0] = total[e]
 
     @ti.func
     def rows_advance(b, jl, stage, dt, xt: ti.template(), st: ti.template(), kt: ti.template(),
@@ -647,12 +650,13 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                         active = barrier(sync, phase, rows_total, workers, w)
                         phase += 1
                     if active and rounds == 0 and observed_before:
-                        # reduce: the observables of evaluation e - 1, one replica per unit
+                        # reduce: the observables of evaluation e - 1, one column of one
+                        # replica per unit (one replica per unit left a thread waiting)
                         u = claim(sync, phase, -1, workers)
-                        while u < R:
-                            reduce_into(u, slot, tok, st, red, sumx, n)
+                        while u < R * (n_slots + 1):
+                            reduce_into(u // (n_slots + 1), u % (n_slots + 1), slot, tok, st, red, sumx, n)
                             u = claim(sync, phase, u, workers)
-                        active = barrier(sync, phase, R, workers, w)
+                        active = barrier(sync, phase, R * (n_slots + 1), workers, w)
                         phase += 1
                         slot += 1
                 if active and e < evaluations:  # pairs: one head on one row group per unit
