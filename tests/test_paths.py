@@ -66,7 +66,10 @@ def test_float32_fused_keeps_tokens_on_the_sphere_for_ten_thousand_steps():
     assert np.max(np.abs(norms - 1.0)) < 1e-6
 
 
-def test_auto_path_choice_and_errors():
+def test_auto_path_choice_and_errors(monkeypatch):
+    # the path is chosen before the kernels are built: without the warm-up nothing compiles
+    # (five builds of n = 256, 257 took ~20 s); the other tests here run every path
+    monkeypatch.setattr(particles.Simulation, "_warm_up", lambda self: None)
     x = random_tokens(paths.FUSED_MAX_N, 3)
     heads = general_heads(1, 3)
     assert particles.Simulation(x, heads).path == "fused"
