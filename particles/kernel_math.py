@@ -250,11 +250,10 @@ def rule_lift(rule, real):
 
 
 def kernel_entropy(real):
-    """(entropy_rebase, row_entropy_of_kernel) for a kernel rule's row in ``real``; the pass
-    accumulates, for each positive weight w (top: the largest so far, wpos: their sum)
-        if w > top: ent = entropy_rebase(ent, wpos, top, w); top = w
-        ent += w log(w / top); wpos += w
-    so every term is taken relative to the row's largest weight."""
+    """(add_weight, row_entropy_of_kernel) for a kernel rule's row in ``real``: the pass takes
+    ent, wpos, top = add_weight(w, ent, wpos, top) for each weight w of the row (top: the
+    largest so far, wpos: the positive weights' sum), so that every term of ent is taken
+    relative to the row's largest weight."""
 
     @ti.func
     def entropy_rebase(ent, wpos, top, w):
@@ -264,6 +263,19 @@ def kernel_entropy(real):
         if top > 0:
             out = ent + wpos * ti.log(top / w)
         return out
+
+    @ti.func
+    def add_weight(w, ent, wpos, top):
+        """(ent, wpos, top) after the row's weight w: a positive w adds w log(w / top),
+        re-basing the sum first where w becomes the largest."""
+        ent_out, wpos_out, top_out = ent, wpos, top
+        if w > 0:
+            if w > top:
+                ent_out = entropy_rebase(ent, wpos, top, w)
+                top_out = w
+            ent_out += w * ti.log(w / top_out)
+            wpos_out += w
+        return ent_out, wpos_out, top_out
 
     @ti.func
     def row_entropy_of_kernel(wsum, wpos, top, ent):
@@ -279,7 +291,7 @@ def kernel_entropy(real):
                 entropy = ti.log(wsum)
         return entropy
 
-    return entropy_rebase, row_entropy_of_kernel
+    return add_weight, row_entropy_of_kernel
 
 
 # -- the retraction ----------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ class KernelSet:
         has_potential = rule.has_potential
         with_potential = rule.potential is not None and not exponential
         weight_fn, potential_fn = (None, None) if exponential else kernel_math.rule_lift(rule, real)
-        entropy_rebase, _ = kernel_math.kernel_entropy(real)
+        add_weight, _ = kernel_math.kernel_entropy(real)
         row_norm = kernel_math.normalisation(real, softmax_norm, exponential)
         finish_row = kernel_math.row_finish(real, exponential)
         rebase = kernel_math.online_rebase(ti.exp)
@@ -147,12 +147,7 @@ class KernelSet:
                     else:
                         w = weight_fn(z, i, j, n)
                         if ti.static(observe):
-                            if w > 0:
-                                if w > top:
-                                    ent = entropy_rebase(ent, wpos, top, w)
-                                    top = w
-                                ent += w * ti.log(w / top)
-                                wpos += w
+                            ent, wpos, top = add_weight(w, ent, wpos, top)
                             if ti.static(with_potential):
                                 pot += potential_fn(z)
                     wsum += w

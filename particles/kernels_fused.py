@@ -192,7 +192,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
     softmax_norm = rule.normalization == "softmax"
     with_potential = rule.potential is not None and not exponential
     weight_fn, potential_fn = (None, None) if exponential else kernel_math.rule_lift(rule, real)
-    entropy_rebase, _ = kernel_math.kernel_entropy(real)
+    add_weight, _ = kernel_math.kernel_entropy(real)
     row_norm = kernel_math.normalisation(real, softmax_norm, exponential)
     finish_row = kernel_math.row_finish(real, exponential)
     NEG_BIG = -3.0e38 if f32 else -1.0e300
@@ -296,12 +296,8 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                     wsum[t] += w
                     if observe:
                         for k in range(L):
-                            if w[k] > 0:
-                                if w[k] > top_w[t][k]:
-                                    ent[t][k] = entropy_rebase(ent[t][k], wpos[t][k], top_w[t][k], w[k])
-                                    top_w[t][k] = w[k]
-                                ent[t][k] += w[k] * ti.log(w[k] / top_w[t][k])
-                                wpos[t][k] += w[k]
+                            ent[t][k], wpos[t][k], top_w[t][k] = add_weight(w[k], ent[t][k], wpos[t][k],
+                                                                            top_w[t][k])
                             if ti.static(with_potential):
                                 pot[t][k] += potential_fn(z[k])
         norm = [splat(0) for _ in ti.static(range(TR))]

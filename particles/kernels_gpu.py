@@ -155,7 +155,7 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
     softmax_norm = rule.normalization == "softmax"
     with_potential = rule.potential is not None and not exponential
     weight_fn, potential_fn = (None, None) if exponential else kernel_math.rule_lift(rule, real)
-    entropy_rebase, _ = kernel_math.kernel_entropy(real)
+    add_weight, _ = kernel_math.kernel_entropy(real)
     row_norm = kernel_math.normalisation(real, softmax_norm, exponential)
     finish_row = kernel_math.row_finish(real, exponential)
     rebase = kernel_math.online_rebase(ti.exp)
@@ -273,12 +273,7 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
                             else:
                                 w = weight_fn(z, i_s, j, n)
                                 if ti.static(observe):
-                                    if w > 0:
-                                        if w > top[s]:
-                                            ent[s] = entropy_rebase(ent[s], wpos[s], top[s], w)
-                                            top[s] = w
-                                        ent[s] += w * ti.log(w / top[s])
-                                        wpos[s] += w
+                                    ent[s], wpos[s], top[s] = add_weight(w, ent[s], wpos[s], top[s])
                                     if ti.static(with_potential):
                                         pot[s] += potential_fn(z)
                             wsum[s] += w
