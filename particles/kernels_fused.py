@@ -162,9 +162,27 @@ class FusedSteps:
                 self.fv, self.rowv, self.zs, self.mask, self.sync, dt, int(steps),
                 int(observe_every), int(step_count), int(observe_now), int(slot), self.workers,
                 h, err, float(rtol), float(atol))
-        with kernels.compile_options(scalarize=False, active=not self._compiled):
+        if self._compiled:
+            self._direct(*args)
+            return
+        with kernels.compile_options(scalarize=False, active=True):
             self.kernel(*args)
         self._compiled = True
+        self._direct = direct_launch(self.kernel, args)
+
+
+def direct_launch(kernel, args):
+    """kernel's launch for arguments of the types of ``args`` (after its first call): the
+    compiled instance looked up once. Taichi's call hashes every argument's type for that
+    lookup on each launch, ~80 us of the fused kernel's ~210 us launch at n = 8; the launch
+    itself is Taichi's own. The ordinary call where Taichi lacks these internals."""
+    try:
+        primal = kernel._primal
+        compiled = primal.compiled_kernels[primal.ensure_compiled(*args)]
+        launch = primal.launch_kernel
+    except (AttributeError, KeyError, TypeError):
+        return kernel
+    return lambda *a: launch(compiled, *a)
 
 
 @functools.lru_cache(maxsize=None)
