@@ -8,7 +8,8 @@ did.
 - the two float32 exps, side by side with their error bounds: ``exp_le0`` (scalar code that
   LLVM's loop vectoriser takes; 2.2e-7 relative) and ``exp_clamped`` (L-lane vectors, which
   have no bit casts in Taichi; 3.4e-6 relative where a weight counts);
-- the online-softmax rebase of a row's sums on a new maximum, and the row finish (entropy,
+- the online-softmax rebase of a row's sums on a new maximum (``online_rebase``), one key's
+  update of a row's sums in the scalar passes (``key_by_key``), and the row finish (entropy,
   row energy; ``row_finish``);
 - the rule lift: k(z) or k(z, i, j, n) and the potential, for kernel rules, and their
   entropy accumulated relative to the row's largest weight (no cancellation in float32);
@@ -218,6 +219,46 @@ def normalisation(real, softmax: bool, exponential: bool, guarded: bool = True):
         return norm
 
     return row_norm
+
+
+def key_by_key(rule, real):
+    """A ti.func add(z, i, j, n, m, wsum, ent, wpos, top, pot, observe) -> (w, rebased, scale, m,
+    wsum, ent, wpos, top, pot): key j's score z taken into row i's running sums, one key at a
+    time (the plain and GPU pair passes; the entropy and potential sums only with observe, a
+    compile-time switch). Exponential rules: w = e^(z - m) relative to the running maximum m,
+    re-based (``online_rebase``) where z exceeds it, and then the caller scales its value
+    accumulator by ``scale`` (rebased); kernel rules: w = k(z) or k(z, i, j, n) (``rule_lift``),
+    its entropy terms (``kernel_entropy``) and the potential's sum. The caller adds w u_j."""
+    exponential = rule.exponential
+    with_potential = rule.potential is not None and not exponential
+    weight_fn, potential_fn = (None, None) if exponential else rule_lift(rule, real)
+    add_weight, _ = kernel_entropy(real)
+    rebase = online_rebase(ti.exp)
+
+    @ti.func
+    def add(z, i, j, n, m, wsum, ent, wpos, top, pot, observe: ti.template()):
+        w = ti.cast(0, real)
+        rebased = False
+        scale = ti.cast(1, real)
+        m_out, wsum_out, ent_out, wpos_out, top_out, pot_out = m, wsum, ent, wpos, top, pot
+        if ti.static(exponential):
+            if z > m:
+                scale, wsum_out, ent_out = rebase(m, z, wsum, ent, observe)
+                rebased = True
+                m_out = z
+            w = ti.exp(z - m_out)
+            if ti.static(observe):
+                ent_out += w * (z - m_out)
+        else:
+            w = weight_fn(z, i, j, n)
+            if ti.static(observe):
+                ent_out, wpos_out, top_out = add_weight(w, ent, wpos, top)
+                if ti.static(with_potential):
+                    pot_out += potential_fn(z)
+        wsum_out += w
+        return w, rebased, scale, m_out, wsum_out, ent_out, wpos_out, top_out, pot_out
+
+    return add
 
 
 # -- kernel rules: the rule lift and its entropy ----------------------------------------------------

@@ -63,12 +63,9 @@ class KernelSet:
         exponential = rule.exponential
         softmax_norm = rule.normalization == "softmax"
         has_potential = rule.has_potential
-        with_potential = rule.potential is not None and not exponential
-        weight_fn, potential_fn = (None, None) if exponential else kernel_math.rule_lift(rule, real)
-        add_weight, _ = kernel_math.kernel_entropy(real)
+        add_key = kernel_math.key_by_key(rule, real)
         row_norm = kernel_math.normalisation(real, softmax_norm, exponential)
         finish_row = kernel_math.row_finish(real, exponential)
-        rebase = kernel_math.online_rebase(ti.exp)
         NEG_BIG = -3.0e38 if dtype == "float32" else -1.0e300
         n_slots = n_tok_slots(H)
         unrolled = d <= kernel_math.UNROLL_MAX_D   # loops over components unrolled at compile time
@@ -135,22 +132,10 @@ class KernelSet:
                         z += qi[a] * k[b, h, j, a]
                     if ti.static(biased):
                         z -= hreal[h, 0] * c(ti.abs(i - j))
-                    w = c(0)
-                    if ti.static(exponential):
-                        if z > m:
-                            scale, wsum, ent = rebase(m, z, wsum, ent, observe)
-                            acc *= scale
-                            m = z
-                        w = ti.exp(z - m)
-                        if ti.static(observe):
-                            ent += w * (z - m)
-                    else:
-                        w = weight_fn(z, i, j, n)
-                        if ti.static(observe):
-                            ent, wpos, top = add_weight(w, ent, wpos, top)
-                            if ti.static(with_potential):
-                                pot += potential_fn(z)
-                    wsum += w
+                    w, rebased, scale, m, wsum, ent, wpos, top, pot = add_key(z, i, j, n, m, wsum, ent, wpos,
+                                                                             top, pot, observe)
+                    if rebased:
+                        acc *= scale
                     for a in ti.static(range(rv)):
                         acc[a] += w * u[b, h, j, a]
                 count = c(n)  # mean normalisation: the number of visible keys

@@ -153,12 +153,9 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
                                            features.filtered)
     exponential = rule.exponential
     softmax_norm = rule.normalization == "softmax"
-    with_potential = rule.potential is not None and not exponential
-    weight_fn, potential_fn = (None, None) if exponential else kernel_math.rule_lift(rule, real)
-    add_weight, _ = kernel_math.kernel_entropy(real)
+    add_key = kernel_math.key_by_key(rule, real)
     row_norm = kernel_math.normalisation(real, softmax_norm, exponential)
     finish_row = kernel_math.row_finish(real, exponential)
-    rebase = kernel_math.online_rebase(ti.exp)
     NEG_BIG = -3.0e38 if dtype == "float32" else -1.0e300
     T = THREADS
     RT = rows_per_thread(r, rv)
@@ -260,23 +257,11 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
                                     z += qi[s, a] * k_tile[jj * r + a]
                             if ti.static(biased):
                                 z -= hreal[h, 0] * c(ti.abs(i_s - j))
-                            w = c(0)
-                            if ti.static(exponential):
-                                if z > m[s]:
-                                    scale, wsum[s], ent[s] = rebase(m[s], z, wsum[s], ent[s], observe)
-                                    for a in ti.static(range(rv)):
-                                        acc[s, a] *= scale
-                                    m[s] = z
-                                w = ti.exp(z - m[s])
-                                if ti.static(observe):
-                                    ent[s] += w * (z - m[s])
-                            else:
-                                w = weight_fn(z, i_s, j, n)
-                                if ti.static(observe):
-                                    ent[s], wpos[s], top[s] = add_weight(w, ent[s], wpos[s], top[s])
-                                    if ti.static(with_potential):
-                                        pot[s] += potential_fn(z)
-                            wsum[s] += w
+                            w, rebased, scale, m[s], wsum[s], ent[s], wpos[s], top[s], pot[s] = add_key(
+                                z, i_s, j, n, m[s], wsum[s], ent[s], wpos[s], top[s], pot[s], observe)
+                            if rebased:
+                                for a in ti.static(range(rv)):
+                                    acc[s, a] *= scale
                             for a in ti.static(range(rv)):
                                 if ti.static(RT > 1):
                                     acc[s, a] += w * uj[a]
