@@ -62,7 +62,6 @@ class KernelSet:
         serial = not backend.is_gpu()  # on a GPU a serialized loop runs on a single thread
         exponential = rule.exponential
         softmax_norm = rule.normalization == "softmax"
-        has_potential = rule.has_potential
         add_key = kernel_math.key_by_key(rule, real)
         row_norm = kernel_math.normalisation(real, softmax_norm, exponential)
         finish_row = kernel_math.row_finish(real, exponential)
