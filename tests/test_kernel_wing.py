@@ -174,3 +174,47 @@ def test_run_json_records_the_implementation_beside_the_path(tmp_path):
     run_scene(scene, tmp_path / "run", render=False, progress=False, echo=lambda *a: None)
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert (info["path"], info["implementation"]) == ("tiled", "wide")
+
+
+@pytest.mark.parametrize("rule", ["softmax", "relu"])
+def test_key_by_key_streams_a_row_to_numpys_sums(rule):
+    """kernel_math.key_by_key, one key at a time as the plain and GPU passes call it, over a row
+    whose maximum rises at keys 0, 3, 7 and 12 (each rise an online_rebase, the value sum scaled
+    then), against float64 NumPy: softmax's weights e^(z - max z), their sum, the entropy sum
+    and the weighted sum of u; ReLU's weights, the entropy terms relative to the largest weight
+    (add_weight), the positive weights' sum and the potential's sum."""
+    import taichi as ti
+    from particles import kernel_math
+    particles.backend.init("cpu")
+    rng = np.random.default_rng(7)
+    z = rng.uniform(-2.0, 0.5, 16)
+    z[[0, 3, 7, 12]] = [0.6, 1.1, 2.5, 4.0]   # the running maximum rises four times
+    u = rng.standard_normal(16)
+    add_key = kernel_math.key_by_key(particles.get_rule(rule), ti.f64)
+    f64 = ti.types.ndarray(dtype=ti.f64, ndim=1)
+
+    @ti.kernel
+    def stream(z: f64, u: f64, out: f64):
+        m, wsum, ent, wpos, top, pot, acc = -1.0e300, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        for _ in range(1):  # one thread, keys in order
+            for j in range(z.shape[0]):
+                w, rebased, scale, m, wsum, ent, wpos, top, pot = add_key(z[j], 0, j, z.shape[0], m, wsum, ent,
+                                                                          wpos, top, pot, True)
+                if rebased:
+                    acc *= scale
+                acc += w * u[j]
+        out[0], out[1], out[2], out[3], out[4], out[5], out[6] = m, wsum, ent, wpos, top, pot, acc
+
+    out = np.zeros(7)
+    stream(z, u, out)
+    m, wsum, ent, wpos, top, pot, acc = out
+    if rule == "softmax":
+        w = np.exp(z - z.max())
+        assert m == z.max()
+        want = (w.sum(), (w * (z - z.max())).sum(), (w * u).sum())
+        np.testing.assert_allclose((wsum, ent, acc), want, rtol=1e-13)
+    else:
+        w = np.maximum(z, 0)
+        pos = w[w > 0]
+        want = (w.sum(), (pos * np.log(pos / pos.max())).sum(), pos.sum(), pos.max(), (w * w / 2).sum(), (w * u).sum())
+        np.testing.assert_allclose((wsum, ent, wpos, top, pot, acc), want, rtol=1e-13)
