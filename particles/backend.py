@@ -291,7 +291,8 @@ class BuildNotice:
         while frame is not None:
             if id(frame) == self._frame:
                 return True
-            frame = frame.f_back
+            # a profiler or tracer may hand back a stand-in without f_back: treat as not building
+            frame = getattr(frame, "f_back", None)
         return False
 
     def _watch(self) -> None:
