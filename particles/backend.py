@@ -270,7 +270,9 @@ class BuildNotice:
         self._lock = threading.Lock()
         self._finished = threading.Event()
         self._owner = threading.get_ident()
-        self._frame = id(sys._getframe(1))   # the build's frame: while it is on the stack, the build runs
+        # the build's frame: while it is on the stack, the build runs. Held (not its id) until the
+        # watch ends, so a frame made after the build raised cannot reuse its address and pass for it.
+        self._frame = sys._getframe(1)
         self._thread = threading.Thread(target=self._watch, name="particles-build-notice", daemon=True)
         self._thread.start()
 
@@ -289,17 +291,20 @@ class BuildNotice:
     def _building(self) -> bool:
         frame = sys._current_frames().get(self._owner)
         while frame is not None:
-            if id(frame) == self._frame:
+            if frame is self._frame:
                 return True
             # a profiler or tracer may hand back a stand-in without f_back: treat as not building
             frame = getattr(frame, "f_back", None)
         return False
 
     def _watch(self) -> None:
-        while not self._finished.wait(0.1):
-            if not self._building():
-                return
-            self._speak(new_stage=False)
+        try:
+            while not self._finished.wait(0.1):
+                if not self._building():
+                    return
+                self._speak(new_stage=False)
+        finally:
+            self._frame = None
 
     def _speak(self, new_stage: bool) -> None:
         with self._lock:
