@@ -403,6 +403,10 @@ def save_png_svg(fig: Figure, out_stem) -> list[Path]:
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [Path(str(stem) + ".png"), Path(str(stem) + ".svg")]
     fig.savefig(paths[0], dpi=110)
+    if fig.get_layout_engine() is not None:
+        # keep the layout the PNG's draw computed (in inches, whatever the dpi): the SVG would
+        # otherwise solve the constrained layout of every panel again (~4 of its ~6 s at 16 panels)
+        fig.set_layout_engine("none")
     fig.savefig(paths[1])
     return paths
 
