@@ -257,19 +257,19 @@ class Stepper:
         self.err_sums = np.zeros(R)
         self.err_rows = None if self.serial else ti.ndarray(ti.f64, shape=(R, n))
 
-        def padded(values, dtype):
+        def padded(terms, dtype):
             a = np.zeros(MAX_STAGES, dtype=dtype)
-            a[:len(values)] = values
+            for coefficient, j in terms:
+                a[j] = coefficient
             dev = ti.ndarray(ti.f64 if dtype == np.float64 else real, shape=(MAX_STAGES,))
             dev.from_numpy(a)
             return dev
 
-        # stage s's point (its row of a) for s = 1..S-1; the new state (b); the error (b - b_hat)
-        self.stage_coef = [padded(row, self.np_real) for row in tableau.a]
-        b = [w / tableau.denominator for w in tableau.weights]
-        b_hat = [w / tableau.denominator for w in tableau.b_hat]
-        self.b_coef = padded(b, self.np_real)
-        self.err_coef = padded([u - v for u, v in zip(b, b_hat)], np.float64)
+        # stage s's point for s = 1..S-1; the new state (b); the error (b - b_hat)
+        attempt = tableau.attempt
+        self.stage_coef = [padded(terms, self.np_real) for terms in attempt.points]
+        self.b_coef = padded(zip(attempt.b, range(S)), self.np_real)
+        self.err_coef = padded(zip(attempt.error, range(S)), np.float64)
         q = min(tableau.order, tableau.b_hat_order)
         self.expo = 1.0 / (q + 1) - 0.75 * PI_BETA
         self.expo_reject = 1.0 / (q + 1)

@@ -143,6 +143,17 @@ class ExplicitRK:
         return tuple(Stage(tuple((v, slots[j]) for v, j in self.terms(s)), self.weights[s], slots[s])
                      for s in range(self.stages))
 
+    @functools.cached_property
+    def attempt(self) -> "Attempt":
+        """The tableau as an adaptive attempt runs it (``adaptive.Stepper``'s combinations and
+        the fused kernel's attempt branch): every slope kept, stage j's in buffer j."""
+        b = tuple(w / self.denominator for w in self.weights)
+        b_hat = b if self.b_hat is None else tuple(w / self.denominator for w in self.b_hat)
+        points = [self.terms(s) for s in range(1, self.stages)]
+        if self.fsal:   # the last stage's point is the new state
+            points[-1] = tuple((v, j) for j, v in enumerate(b[:-1]) if v != 0)
+        return Attempt(tuple(points), b, tuple(u - v for u, v in zip(b, b_hat)))
+
     def step(self, ops, dt: float, observe: bool) -> None:
         """One step on the per-kernel paths: acc = sum_s weight_s k_s, stage s's point
         x + sum (coefficient dt) k_slot, then x + (dt / denominator) acc and the retraction."""
@@ -174,6 +185,17 @@ class Stage(NamedTuple):
     point: tuple
     weight: float
     slot: int
+
+
+class Attempt(NamedTuple):
+    """``ExplicitRK.attempt``: ``points[s - 1]`` is stage s's point x + h sum coefficient k_j
+    over its (coefficient, j) terms, s = 1..S-1 (of a first-same-as-last pair the last is the
+    new state); ``b`` the new state's weights (x + h sum b_j k_j); ``error`` b - b_hat, the
+    weights of the error estimate (zero without b_hat)."""
+
+    points: tuple
+    b: tuple
+    error: tuple
 
 
 # On the sphere the field v - <v, x> x keeps |x| = 1 invariant, so the stages leave the

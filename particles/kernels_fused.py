@@ -199,11 +199,9 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
     CHAIN = integrator.slope_buffers == 1
     REACH = [sum(v for v, _ in stage.point) for stage in PROGRAM[1:]] + [0.0]
     # ATTEMPT: one adaptive attempt (``FusedSteps.attempt``): evaluation e is stage e + 1, the
-    # first slope given; every slope kept for the embedded error (ERROR = b - b_hat)
+    # first slope given; every slope kept for the embedded error (``ExplicitRK.attempt``)
     ATTEMPT, FIRST = attempt, int(attempt)
-    B = [w / DENOMINATOR for w in WEIGHTS]
-    ERROR = [u - w / DENOMINATOR for u, w in zip(B, integrator.b_hat or B)]
-    POINTS = list(integrator.a[:STAGES - 2]) + [B[:-1]]   # after stage s, stage s + 1's row
+    POINTS, ERROR = integrator.attempt.points, integrator.attempt.error
     if ATTEMPT:
         SLOT, CHAIN = tuple(range(STAGES)), False
     exponential = rule.exponential
@@ -460,12 +458,12 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
         last = stage == STAGES - 1
         if ti.static(ATTEMPT):  # stage s + 1's point x + h sum_j a[s + 1][j] k_j (as adaptive's
             for s in ti.static(range(STAGES - 1)):     # combinations); the last, the new state
+                # (ExplicitRK.attempt.points)
                 if stage == s:
                     for e in ti.static(range(d)):
                         acc = splat(0)
-                        for j in ti.static(range(s + 1)):
-                            if ti.static(POINTS[s][j] != 0):
-                                acc = acc + c(POINTS[s][j]) * kt[b, j * d + e, jl]
+                        for coefficient, j in ti.static(POINTS[s]):
+                            acc = acc + c(coefficient) * kt[b, j * d + e, jl]
                         st[b, e, jl] = xt[b, e, jl] + dt * acc
                     if ti.static(sphere and s == STAGES - 2):
                         retract_group(st, mask, b, jl)
