@@ -16,7 +16,8 @@ did.
 - the retraction onto the sphere after a step;
 - the per-token observables of a state (kinetic, and per head T, C, R, |R|, a, entropy, row
   energy), over one token or L tokens in lanes, the layout's reads and writes passed in;
-- the column reduction of a per-token observable over tokens (float64, fixed order).
+- the column reduction of a per-token observable over tokens (float64, fixed order), and the
+  sum of directions x_i / |x_i| beside it (``direction_sum``).
 """
 
 import math
@@ -441,6 +442,46 @@ def token_observables(H: int, d: int, sphere: bool, zero, absolute, head_output,
             store(tok, b, i, n, tok_slot(h, SLOT_ROW_ENERGY), row_stat(row, b, h, i, 1))
 
     return observe
+
+
+# -- the sum of directions ------------------------------------------------------------------------
+@ti.func
+def token_major(x: ti.template(), b, i, e):
+    """Component e of token i of replica b in the (R, n, d) layout."""
+    return x[b, i, e]
+
+
+def direction_sum(acc, d: int, point=token_major):
+    """The sum over tokens of x_i / |x_i| (an observable beside the columns; a token at the
+    origin adds nothing) in type ``acc``, ``point(x, b, i, e)`` reading the layout. Returns the
+    ti.funcs norm(x, b, i) -> |x_i| (squares summed in component order) and, for
+    d <= UNROLL_MAX_D, total(x, b, n) -> the d-vector summed over tokens 0..n-1 in order
+    (above it a pass adds x_i / norm in place, in the same order)."""
+
+    @ti.func
+    def norm(x: ti.template(), b, i):
+        norm2 = ti.cast(0, acc)
+        if ti.static(d <= UNROLL_MAX_D):
+            for e in ti.static(range(d)):
+                v = ti.cast(point(x, b, i, e), acc)
+                norm2 += v * v
+        else:
+            for e in range(d):
+                v = ti.cast(point(x, b, i, e), acc)
+                norm2 += v * v
+        return ti.sqrt(norm2)
+
+    @ti.func
+    def total(x: ti.template(), b, n):
+        out = ti.Vector.zero(acc, d)
+        for i in range(n):
+            length = norm(x, b, i)
+            if length > 0:
+                for e in ti.static(range(d)):
+                    out[e] += ti.cast(point(x, b, i, e), acc) / length
+        return out
+
+    return norm, total
 
 
 # -- the column reduction --------------------------------------------------------------------------

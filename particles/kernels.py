@@ -68,6 +68,7 @@ class KernelSet:
         NEG_BIG = -3.0e38 if dtype == "float32" else -1.0e300
         n_slots = n_tok_slots(H)
         unrolled = d <= kernel_math.UNROLL_MAX_D   # loops over components unrolled at compile time
+        direction_norm, direction_total = kernel_math.direction_sum(ti.f64, d)
         arr2 = ti.types.ndarray(dtype=real, ndim=2)
         arr1 = ti.types.ndarray(dtype=real, ndim=1)
         arr3 = ti.types.ndarray(dtype=real, ndim=3)
@@ -252,26 +253,15 @@ class KernelSet:
             for b in range(x.shape[0]):
                 # sum of the normalised tokens (they are unit already on the sphere)
                 if ti.static(unrolled):
-                    total = ti.Vector.zero(ti.f64, d)
-                    for i in range(x.shape[1]):
-                        norm2 = ti.cast(0, ti.f64)
-                        for e2 in ti.static(range(d)):
-                            norm2 += ti.cast(x[b, i, e2], ti.f64) ** 2
-                        if norm2 > 0:
-                            norm = ti.sqrt(norm2)
-                            for e in ti.static(range(d)):
-                                total[e] += ti.cast(x[b, i, e], ti.f64) / norm
+                    total = direction_total(x, b, x.shape[1])
                     for e in ti.static(range(d)):
                         sumx[slot, b, e, 0] = total[e]
                 else:   # summed in place, in the same order
                     for e in range(d):
                         sumx[slot, b, e, 0] = 0
                     for i in range(x.shape[1]):
-                        norm2 = ti.cast(0, ti.f64)
-                        for e2 in range(d):
-                            norm2 += ti.cast(x[b, i, e2], ti.f64) ** 2
-                        if norm2 > 0:
-                            norm = ti.sqrt(norm2)
+                        norm = direction_norm(x, b, i)
+                        if norm > 0:
                             for e in range(d):
                                 sumx[slot, b, e, 0] += ti.cast(x[b, i, e], ti.f64) / norm
 

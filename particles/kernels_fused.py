@@ -426,6 +426,12 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
                                                   radial_shadow, row_stat, lanes_to_tok)
 
     @ti.func
+    def lane_point(y: ti.template(), b, i, e):
+        return y[b, e, i // L][i % L]
+
+    _, direction_total = kernel_math.direction_sum(ti.f64, d, lane_point)
+
+    @ti.func
     def reduce_into(b, s, slot, tok: ti.template(), y: ti.template(), red: ti.template(),
                     sumx: ti.template(), n):
         """Unit s of replica b's reductions: column s (``kernel_math.reduce_slot``), or for
@@ -434,16 +440,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
         if s < n_slots:
             kernel_math.reduce_slot(tok, b, s, n, red, slot)
         else:
-            total = ti.Vector.zero(ti.f64, d)  # each token's norm once (per component was O(n d^2))
-            for i in range(n):
-                il, k = i // L, i % L
-                norm2 = ti.cast(0, ti.f64)
-                for e2 in ti.static(range(d)):
-                    norm2 += ti.cast(y[b, e2, il][k], ti.f64) ** 2
-                if norm2 > 0:
-                    norm = ti.sqrt(norm2)
-                    for e in ti.static(range(d)):
-                        total[e] += ti.cast(y[b, e, il][k], ti.f64) / norm
+            total = direction_total(y, b, n)
             for e in ti.static(range(d)):
                 sumx[slot, b, e, 0] = total[e]
 

@@ -45,6 +45,7 @@ class Reduce:
 def _reduce_kernels(n_slots: int, d: int, acc):
     any3 = ti.types.ndarray(ndim=3)
     any4 = ti.types.ndarray(ndim=4)
+    direction_norm, _ = kernel_math.direction_sum(acc, d)
 
     @ti.func
     def column(tok: ti.template(), x: ti.template(), b, i, col):
@@ -53,11 +54,9 @@ def _reduce_kernels(n_slots: int, d: int, acc):
         if col < n_slots:
             value = ti.cast(tok[b, i, col], acc)
         else:
-            norm2 = ti.cast(0, acc)
-            for e in ti.static(range(d)):
-                norm2 += ti.cast(x[b, i, e], acc) * ti.cast(x[b, i, e], acc)
-            if norm2 > 0:
-                value = ti.cast(x[b, i, col - n_slots], acc) / ti.sqrt(norm2)
+            norm = direction_norm(x, b, i)
+            if norm > 0:
+                value = ti.cast(x[b, i, col - n_slots], acc) / norm
         return value
 
     @ti.func
