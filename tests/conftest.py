@@ -97,6 +97,20 @@ def tmp_run_dir(tmp_path):
 _GOLDEN_MODES: list[str] = []
 
 
+def pytest_sessionfinish(session):
+    """Save this process's compiled kernels now, one process at a time. Left to Taichi's exit,
+    two xdist workers ending together race for the cache's lock: one warned 'Lock ... failed'
+    and saved nothing, the other was ended while saving and left the lock standing, so a run
+    kept none of the kernels it compiled and the next run compiled them again."""
+    taichi = sys.modules.get("taichi")
+    if taichi is None:
+        return
+    import fcntl
+    with open(KERNEL_CACHE / "particles-save.lock", "w") as turn:
+        fcntl.flock(turn, fcntl.LOCK_EX)   # released when the file closes
+        taichi.reset()
+
+
 def pytest_runtest_logreport(report):
     """Collect which comparison each golden run made (reports reach the controlling process
     from xdist workers, module globals do not)."""
