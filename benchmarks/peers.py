@@ -45,8 +45,8 @@ except Exception:  # pragma: no cover - depends on the machine
     TORCH_AVAILABLE = False
 
 __all__ = ["TORCH_AVAILABLE", "make_factors", "numpy_step", "numpy_step_with_observables",
-           "numpy_velocity", "numpy_rk4_run", "torch_step", "torch_sdpa_backend", "torch_available",
-           "pair_work"]
+           "numpy_velocity", "numpy_rk4_run", "torch_step", "torch_step_with_observables",
+           "torch_observables_kernel", "torch_sdpa_backend", "torch_available", "pair_work"]
 
 
 def make_factors(H, d, r=None, rv=None, scale=1.0, seed=0, dtype=np.float32):
@@ -286,3 +286,127 @@ def torch_step(x, Q, K, O, W, beta, dt, device=None):
         y = x + float(dt) * xdot
         y = y / torch.linalg.norm(y, dim=1, keepdim=True)
     return y.cpu().numpy() if as_numpy else y
+
+
+def _flash_with_lse():
+    """torch's fused CPU flash kernel returning (out, row log-sum-exp), or None (before torch 2.3)."""
+    try:
+        return _torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    except (AttributeError, RuntimeError):
+        return None
+
+
+_FLASH_WITH_LSE = _flash_with_lse() if TORCH_AVAILABLE else None
+
+
+def torch_observables_kernel(x):
+    """The attention kernel torch_step_with_observables takes for tensors on x's device:
+    "flash" (the fused CPU flash kernel, its row log-sum-exp) or "math" (H n x n matrices)."""
+    return "flash" if _FLASH_WITH_LSE is not None and x.device.type == "cpu" else "math"
+
+
+def _attention_with_lse(q, k, val, beta):
+    """(sum_j w_ij val_j (1, H, n, D), lse_i = log sum_j exp(beta <q_i, k_j>) (H, n)) for
+    q, k, val of one head size D."""
+    if torch_observables_kernel(q) == "flash":
+        out, lse = _FLASH_WITH_LSE(q, k, val, 0.0, False, scale=float(beta))
+        return out, lse[0]
+    z = float(beta) * (q @ k.transpose(-1, -2))                # the math formula: n x n per head
+    lse = _torch.logsumexp(z, dim=-1)
+    return _torch.exp(z - lse[..., None]) @ val, lse[0]
+
+
+def torch_step_with_observables(x, Q, K, O, W, beta, dt, device=None):
+    """torch_step plus numpy_step_with_observables' observables of the state *before* the
+    step, as a torch user computes them: from one fused flash-attention call per step.
+
+    Returns (x_new, obs), obs keyed as numpy_step_with_observables'.  The CPU flash kernel
+    (``aten._scaled_dot_product_flash_attention_for_cpu``) returns each row's log-sum-exp
+    lse_i beside the output, which gives the energy E_h = sum_i exp(lse_i) / (2 beta n^2) and,
+    with the attention-weighted keys kbar_i = sum_j w_ij k_j, the row entropy
+    H_i = lse_i - beta <q_i, kbar_i>.  The kernel wants one head size for q, k and values, so
+    the values carry what gives both sums: the tokens themselves where d <= r + rv
+    (u_i = W xbar_i, kbar_i = K xbar_i after the call; full heads need no padding), else the
+    pair [W x_j, K x_j] with q, k padded by rv zero columns.  The per-head outputs f^h give
+    the radial shadows, tangent powers and cross terms (row sums in float32, sums over rows in
+    float64).  Off the CPU, or before torch 2.3, the attention is the math formula (H n x n
+    matrices; ``torch_observables_kernel`` says which).
+
+    Memory: no n x n matrix with the flash kernel; x times the stacked factors (n, 3 H D),
+    the attention output (H, n, D) and the per-head outputs (H, n, d).
+    """
+    if not TORCH_AVAILABLE:
+        raise ImportError("torch is not installed: the PyTorch peer is unavailable "
+                          "(pip install torch)")
+    torch = _torch
+    as_numpy = isinstance(x, np.ndarray)
+    if as_numpy:
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        x, Q, K, O, W = (torch.as_tensor(np.asarray(a, dtype=np.float32), device=device)
+                         for a in (x, Q, K, O, W))
+    n, d = x.shape
+    H, r, _ = Q.shape
+    rv = W.shape[1]
+    carry_tokens = d <= r + rv
+    size = max(r, d) if carry_tokens else r + rv               # the one head size D
+
+    def padded(A):                                             # (H, a, d) -> (H, D, d), zero rows
+        return _F.pad(A, (0, 0, 0, size - A.shape[1]))
+
+    with torch.no_grad():
+        stacks = [padded(Q), padded(K)] + ([] if carry_tokens else [torch.cat([W, K], dim=1)])
+        proj = x @ torch.cat(stacks).reshape(-1, d).T          # (n, H D) per stack
+        q, k, *pair = (part.view(n, H, size).transpose(0, 1).unsqueeze(0)
+                       for part in proj.split(H * size, dim=1))
+        val = pair[0] if pair else _F.pad(x, (0, size - d)).expand(1, H, n, size)
+        att, lse = _attention_with_lse(q, k, val, beta)
+        att = att[0]
+        if carry_tokens:
+            xbar = att[..., :d]                                # sum_j w_ij x_j (H, n, d)
+            u = torch.bmm(xbar, W.transpose(1, 2))
+            kbar = torch.bmm(xbar, K.transpose(1, 2))
+        else:
+            u, kbar = att[..., :rv], att[..., rv:]
+        F = torch.bmm(u, O.transpose(1, 2))                    # per-head outputs f^h (H, n, d)
+        v = F.sum(dim=0)
+        radial = (v * x).sum(dim=1, keepdim=True)
+        xdot = v - radial * x
+        y = x + float(dt) * xdot
+        y = y / torch.linalg.norm(y, dim=1, keepdim=True)
+
+        f64 = torch.float64
+        entropy = lse - float(beta) * (q[0, ..., :r] * kbar).sum(dim=-1)   # (H, n)
+        a = torch.einsum("hnd,nd->hn", F, x)                   # radial shadows a^h_i
+        fsq = torch.einsum("hnd,hnd->hn", F, F).to(f64)
+        aa = (a * a).to(f64)
+        absa = a.abs()
+        tangent = (fsq - aa).sum(dim=1) / n
+        cross = (torch.einsum("hnd,nd->hn", F, v).to(f64) - fsq).sum(dim=1) / n
+        shadow = ((a * a.sum(dim=0)).to(f64) - aa).sum(dim=1) / n
+        shadow_abs = ((absa * absa.sum(dim=0)).to(f64) - aa).sum(dim=1) / n
+        lse64 = lse.to(f64)
+        energy = torch.exp(torch.logsumexp(lse64, dim=1) - math.log(2.0 * beta * n * n))
+        ssum = x.sum(dim=0, dtype=f64)
+        per_head = torch.stack([energy, tangent, cross, shadow, a.to(f64).mean(dim=1),
+                                absa.amax(dim=1).to(f64), shadow_abs, entropy.to(f64).mean(dim=1),
+                                entropy.amin(dim=1).to(f64), entropy.amax(dim=1).to(f64)])
+        scalars = torch.stack([(xdot * xdot).sum(dtype=f64) / n, ssum @ ssum])
+        (E, T, C, R, mean, absmax, Rabs, ent_mean, ent_min, ent_max), (kinetic, ssq) = \
+            per_head.cpu().tolist(), scalars.cpu().tolist()     # one copy to the host
+    gamma_bar = (ssq - n) / (n * (n - 1)) if n > 1 else float("nan")
+    obs = {"energy": math.fsum(E), "kinetic": kinetic, "gamma_bar": gamma_bar, "eps": 1.0 - gamma_bar}
+    for h in range(H):
+        obs[f"energy_h{h}"] = E[h]
+        obs[f"tangent_power_h{h}"] = T[h]
+        obs[f"cross_coupling_h{h}"] = C[h]
+        obs[f"radial_shadow_h{h}"] = R[h]
+        obs[f"energy_rate_h{h}"] = T[h] + C[h] - R[h]
+        obs[f"radial_mean_h{h}"] = mean[h]
+        obs[f"radial_absmax_h{h}"] = absmax[h]
+        obs[f"radial_dominance_h{h}"] = Rabs[h] / T[h] if T[h] > 0 else (
+            float("inf") if Rabs[h] > 0 else 0.0)
+        obs[f"entropy_mean_h{h}"] = ent_mean[h]
+        obs[f"entropy_min_h{h}"] = ent_min[h]
+        obs[f"entropy_max_h{h}"] = ent_max[h]
+    return (y.cpu().numpy() if as_numpy else y), obs
