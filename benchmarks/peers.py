@@ -31,6 +31,7 @@ This module imports nothing from the project and needs only NumPy; torch is opti
 from __future__ import annotations
 
 import math
+import time
 import warnings
 
 import numpy as np
@@ -46,7 +47,7 @@ except Exception:  # pragma: no cover - depends on the machine
 
 __all__ = ["TORCH_AVAILABLE", "make_factors", "numpy_step", "numpy_step_with_observables",
            "numpy_velocity", "numpy_rk4_run", "torch_step", "torch_step_with_observables",
-           "torch_observables_kernel", "torch_sdpa_backend", "torch_available", "pair_work"]
+           "torch_observables_kernel", "torch_observables_layout", "torch_sdpa_backend", "torch_available", "pair_work"]
 
 
 def make_factors(H, d, r=None, rv=None, scale=1.0, seed=0, dtype=np.float32):
@@ -316,21 +317,87 @@ def _attention_with_lse(q, k, val, beta):
     return _torch.exp(z - lse[..., None]) @ val, lse[0]
 
 
-def torch_step_with_observables(x, Q, K, O, W, beta, dt, device=None):
+def _observed_attention(x, Q, K, O, W, beta, name, size):
+    """(q (H, n, r), lse (H, n), the per-head outputs f^h (H, n, d), kbar_i = sum_j w_ij K x_j
+    (H, n, r)) from the flash kernel in layout ``name`` at head size ``size``."""
+    n, d = x.shape
+    H, r, _ = Q.shape
+    rv = W.shape[1]
+
+    def padded(A):                                             # (H, a, d) -> (H, size, d), zero rows
+        return _F.pad(A, (0, 0, 0, size - A.shape[1]))
+
+    stacks = [padded(Q), padded(K)] + {"tokens": [], "pair": [padded(_torch.cat([W, K], dim=1))],
+                                       "two": [padded(W)]}[name]
+    proj = x @ _torch.cat(stacks).reshape(-1, d).T            # (n, H size) per stack
+    q, k, *values = (part.view(n, H, size).transpose(0, 1).unsqueeze(0)
+                     for part in proj.split(H * size, dim=1))
+    if name == "tokens":
+        att, lse = _attention_with_lse(q, k, _F.pad(x, (0, size - d)).expand(1, H, n, size), beta)
+        # xbar_i = sum_j w_ij x_j; f^h = V xbar and kbar = K xbar in one matmul, V = O W
+        out = _torch.bmm(att[0, ..., :d], _torch.cat([O @ W, K], dim=1).transpose(1, 2))
+        return q[0, ..., :r], lse, out[..., :d], out[..., d:]
+    att, lse = _attention_with_lse(q, k, values[0], beta)
+    if name == "pair":
+        kbar = att[0, ..., rv:rv + r]
+    else:
+        kbar = _attention_with_lse(q, k, k, beta)[0][0, ..., :r]
+    return q[0, ..., :r], lse, _torch.bmm(att[0, ..., :rv], O.transpose(1, 2)), kbar
+
+
+def torch_observables_layouts(d, r, rv):
+    """Every (layout, head size) torch_step_with_observables can take: each layout at the
+    least head size that fits and at the next multiple of 16."""
+    least = {"tokens": max(r, d), "pair": r + rv, "two": max(r, rv)}
+    return [(name, size) for name, D in least.items()
+            for size in sorted({D, -(-D // 16) * 16})]
+
+
+_LAYOUTS = {}
+
+
+def torch_observables_layout(x, Q, K, O, W, beta, probe_n=2048, rounds=3):
+    """The fastest of torch_observables_layouts for these shapes on x's device and torch's
+    thread count, measured once (best of ``rounds`` interleaved calls at n = min(n, probe_n);
+    the kernel's cost is n^2 times a function of the head size) and remembered."""
+    n, d = x.shape
+    H, r, _ = Q.shape
+    rv = W.shape[1]
+    key = (n, d, H, r, rv, str(x.device), _torch.get_num_threads())
+    if key not in _LAYOUTS:
+        layouts = torch_observables_layouts(d, r, rv)
+        m = min(n, probe_n)
+        probe = _F.normalize(_torch.randn(m, d, generator=_torch.Generator().manual_seed(0)),
+                             dim=1).to(x.device)
+        best = {layout: math.inf for layout in layouts}
+        with _torch.no_grad():
+            for _ in range(rounds):
+                for layout in layouts:
+                    t0 = time.perf_counter()
+                    _observed_attention(probe, Q, K, O, W, beta, *layout)
+                    best[layout] = min(best[layout], time.perf_counter() - t0)
+        _LAYOUTS[key] = min(layouts, key=best.get)
+    return _LAYOUTS[key]
+
+
+def torch_step_with_observables(x, Q, K, O, W, beta, dt, device=None, layout=None):
     """torch_step plus numpy_step_with_observables' observables of the state *before* the
-    step, as a torch user computes them: from one fused flash-attention call per step.
+    step, as a torch user computes them: from the fused flash-attention kernel.
 
     Returns (x_new, obs), obs keyed as numpy_step_with_observables'.  The CPU flash kernel
     (``aten._scaled_dot_product_flash_attention_for_cpu``) returns each row's log-sum-exp
     lse_i beside the output, which gives the energy E_h = sum_i exp(lse_i) / (2 beta n^2) and,
     with the attention-weighted keys kbar_i = sum_j w_ij k_j, the row entropy
-    H_i = lse_i - beta <q_i, kbar_i>.  The kernel wants one head size for q, k and values, so
-    the values carry what gives both sums: the tokens themselves where d <= r + rv
-    (u_i = W xbar_i, kbar_i = K xbar_i after the call; full heads need no padding), else the
-    pair [W x_j, K x_j] with q, k padded by rv zero columns.  The per-head outputs f^h give
-    the radial shadows, tangent powers and cross terms (row sums in float32, sums over rows in
-    float64).  Off the CPU, or before torch 2.3, the attention is the math formula (H n x n
-    matrices; ``torch_observables_kernel`` says which).
+    H_i = lse_i - beta <q_i, kbar_i>.  The kernel wants one head size D for q, k and values,
+    so the values carry what gives both sums, in one of three layouts (``layout`` =
+    (name, D); by default the fastest on these shapes, ``torch_observables_layout``):
+    "tokens", one call with the tokens as values (f^h = O W xbar, kbar = K xbar after it;
+    full heads need no padding); "pair", one call with values [W x, K x] and q, k zero-padded;
+    "two", one call with values W x and one with values K x.  D may exceed the least that
+    fits: the kernel runs faster at some head sizes (on an AVX-512 CPU 16 beats 2 to 8).
+    The per-head outputs f^h give the radial shadows, tangent powers and cross terms (row
+    sums in float32, sums over rows in float64).  Off the CPU, or before torch 2.3, the
+    attention is the math formula (H n x n matrices; ``torch_observables_kernel`` says which).
 
     Memory: no n x n matrix with the flash kernel; x times the stacked factors (n, 3 H D),
     the attention output (H, n, D) and the per-head outputs (H, n, d).
@@ -346,29 +413,11 @@ def torch_step_with_observables(x, Q, K, O, W, beta, dt, device=None):
         x, Q, K, O, W = (torch.as_tensor(np.asarray(a, dtype=np.float32), device=device)
                          for a in (x, Q, K, O, W))
     n, d = x.shape
-    H, r, _ = Q.shape
-    rv = W.shape[1]
-    carry_tokens = d <= r + rv
-    size = max(r, d) if carry_tokens else r + rv               # the one head size D
-
-    def padded(A):                                             # (H, a, d) -> (H, D, d), zero rows
-        return _F.pad(A, (0, 0, 0, size - A.shape[1]))
-
+    H = Q.shape[0]
     with torch.no_grad():
-        stacks = [padded(Q), padded(K)] + ([] if carry_tokens else [torch.cat([W, K], dim=1)])
-        proj = x @ torch.cat(stacks).reshape(-1, d).T          # (n, H D) per stack
-        q, k, *pair = (part.view(n, H, size).transpose(0, 1).unsqueeze(0)
-                       for part in proj.split(H * size, dim=1))
-        val = pair[0] if pair else _F.pad(x, (0, size - d)).expand(1, H, n, size)
-        att, lse = _attention_with_lse(q, k, val, beta)
-        att = att[0]
-        if carry_tokens:
-            xbar = att[..., :d]                                # sum_j w_ij x_j (H, n, d)
-            u = torch.bmm(xbar, W.transpose(1, 2))
-            kbar = torch.bmm(xbar, K.transpose(1, 2))
-        else:
-            u, kbar = att[..., :rv], att[..., rv:]
-        F = torch.bmm(u, O.transpose(1, 2))                    # per-head outputs f^h (H, n, d)
+        if layout is None:
+            layout = torch_observables_layout(x, Q, K, O, W, beta)
+        q, lse, F, kbar = _observed_attention(x, Q, K, O, W, beta, *layout)
         v = F.sum(dim=0)
         radial = (v * x).sum(dim=1, keepdim=True)
         xdot = v - radial * x
@@ -376,7 +425,7 @@ def torch_step_with_observables(x, Q, K, O, W, beta, dt, device=None):
         y = y / torch.linalg.norm(y, dim=1, keepdim=True)
 
         f64 = torch.float64
-        entropy = lse - float(beta) * (q[0, ..., :r] * kbar).sum(dim=-1)   # (H, n)
+        entropy = lse - float(beta) * (q * kbar).sum(dim=-1)  # (H, n)
         a = torch.einsum("hnd,nd->hn", F, x)                   # radial shadows a^h_i
         fsq = torch.einsum("hnd,hnd->hn", F, F).to(f64)
         aa = (a * a).to(f64)

@@ -49,6 +49,11 @@ def test_torch_peer_with_observables_matches_numpy_peer(n, d, H, r, rv, beta):
     assert isinstance(got_x, np.ndarray) and np.abs(got_x - want_x).max() < 2e-6
     assert np.abs(got_x - peers.torch_step(x, Q, K, O, W, beta, dt, device="cpu")).max() < 2e-6
     _assert_same_observables(got, want)
+    for layout in peers.torch_observables_layouts(d, r, rv):   # the measured choice's rivals
+        other_x, other = peers.torch_step_with_observables(x, Q, K, O, W, beta, dt, device="cpu",
+                                                           layout=layout)
+        assert np.abs(other_x - want_x).max() < 2e-6, layout
+        _assert_same_observables(other, want)
     # the entropies are neither constant nor log n: the test sees the lse and the weighted keys
     ents = [got[f"entropy_mean_h{h}"] for h in range(H)]
     assert all(0.05 < e < math.log(n) - 0.01 for e in ents), ents
