@@ -5,26 +5,47 @@ import pytest
 import particles
 import reference as ref
 from conftest import engine_matrix, RTOL, general_heads, random_tokens, rel_err, symmetric_heads
+from particles.observables import columns
+from row_checks import assert_row_matches
 
 RULES = ("exp", "softmax", "relu")
 
 
 @pytest.mark.parametrize("rule, H, geometry, dtype, path", engine_matrix())
-def test_velocity_and_one_step_match_reference(rule, H, geometry, dtype, path):
-    n, d, beta, dt = 13, 5, 1.3, 0.05
-    x = random_tokens(n, d, seed=H)
-    heads = general_heads(H, d, seed=7)
-    want = ref.velocity(x, heads, beta, rule, geometry)
+def test_velocity_observables_and_one_step_match_reference(rule, H, geometry, dtype, path):
+    """The velocity, every logged quantity and per-token value of the state, then one step,
+    from one build per case (each case compiles its own kernels, the suite's main cost)."""
+    n, d, beta, dt = 14, 5, 1.2, 0.05
+    x = random_tokens(n, d, seed=H + 1)
+    if geometry == "flat":
+        x = x * np.linspace(0.5, 1.5, n)[:, None]  # flat tokens need not be unit
+    heads = general_heads(H, d, seed=3)
+    entropy_rate = rule != "relu" and path == "tiled"  # the fused path has no entropy-rate pass
     # one integrator per case (each is its own fused kernel to compile): Euler with one head,
     # RK4 with three, so each path meets both; every integrator on every path is also in
     # tests/test_path_capabilities.py
-    for integrator, stepper in ((("euler", ref.step_euler),) if H == 1 else (("rk4", ref.step_rk4),)):
-        sim = particles.Simulation(x, heads, beta=beta, rule=rule, geometry=geometry, dt=dt,
-                                   integrator=integrator, dtype=dtype, path=path)
-        assert sim.path == path
-        assert rel_err(sim.velocity(), want) < RTOL[dtype]
-        sim.advance(1)
-        assert rel_err(sim.tokens, stepper(x, heads, beta, rule, geometry, dt)) < RTOL[dtype]
+    integrator, stepper = ("euler", ref.step_euler) if H == 1 else ("rk4", ref.step_rk4)
+    sim = particles.Simulation(x, heads, beta=beta, rule=rule, geometry=geometry, dt=dt,
+                               integrator=integrator, dtype=dtype, entropy_rate=entropy_rate,
+                               path=path)
+    assert sim.path == path
+    assert rel_err(sim.velocity(), ref.velocity(x, heads, beta, rule, geometry)) < RTOL[dtype]
+
+    sim.observe()
+    (row,) = sim.take_rows()
+    want = ref.observables(x, heads, beta, rule, geometry, entropy_rate=entropy_rate)
+    if geometry == "flat":  # gamma_bar is the mean pairwise cosine: the reference formula on unit tokens
+        unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+        want.update({k: ref.observables(unit, heads, beta, rule, geometry)[k] for k in ("gamma_bar", "eps")})
+    assert set(columns(H, entropy_rate=entropy_rate)) - {"step", "time"} == set(want)
+    rtol = 1e-9 if dtype == "float64" else 2e-5
+    assert_row_matches(row, want, H, rtol, entropy_rate)
+    per, per_want = sim.per_token(), ref.per_token(x, heads, beta, rule, geometry)
+    for key in per_want:
+        np.testing.assert_allclose(per[key], per_want[key], rtol=rtol * 10, atol=rtol * 10)
+
+    sim.advance(1)
+    assert rel_err(sim.tokens, stepper(x, heads, beta, rule, geometry, dt)) < RTOL[dtype]
 
 
 def test_low_rank_factored_heads_match_full_matrices():
