@@ -57,8 +57,8 @@ def symmetric_heads(H, d, seed=0, scale=1.0):
 
 
 def engine_matrix(paths=("fused", "tiled"), rules=("exp", "softmax", "relu")):
-    """(rule, H, geometry, dtype, path) for every combination; the fast tier (-m "not slow")
-    keeps, on each path, each rule once, with dtype, geometry and H each taking both values
+    """(rule, H, geometry, dtype, path) for every combination; the default run (not the slow
+    tier) keeps, on each path, each rule once, with dtype, geometry and H each taking both values
     among them (each combination compiles its own kernels, the suite's main cost)."""
     import itertools
     fast = set()
