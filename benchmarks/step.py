@@ -4,7 +4,7 @@
     python benchmarks/step.py --table a.json b.json     # one table from saved runs
 
 Two regimes, each timed with the peers interleaved (sample 1 of every implementation, then
-sample 2, ...; the median of 5 samples, 3 where one call takes over a second; a 0.2 s pause
+sample 2, ...; the median of 5 samples, 3 where one call takes over a second, or of --samples N; a 0.2 s pause
 before each, so no thread pool of the one before still spins), after a warm-up (compile time
 excluded: the Simulation compiles when built), ``ti.sync()`` around every timed region:
 
@@ -20,7 +20,14 @@ large n (``--sizes``): one Euler step, softmax, sphere, float32, H heads given a
         torch        peers.torch_step: torch's fused scaled_dot_product_attention, when torch
                      imports (never a dependency of the project), on as many threads as
                      the machine has cores (torch.set_num_threads), as the engine runs
+        torch+obs    peers.torch_step_with_observables: the same step and every observable
+                     of engine+obs (energy and entropy from the flash kernel's row
+                     log-sum-exp, the rest from the per-head outputs), the fastest of its
+                     layouts measured once per shape before the timing
     |dx| = max |x_new - numpy's x_new| of the engine's step and of torch's (float32 agreement);
+    |dobs| = max over the observables of |torch+obs - engine+obs| / (|engine+obs| + 1e-6), the
+    state before one step (the two compute the same numbers);
+    spread = max / min of the interleaved samples of engine, engine+obs, torch, torch+obs;
     sdpa = the kernel torch's attention takes (``peers.torch_sdpa_backend``: flash on the CPU);
     tuning = the engine's measured speed choice (``Simulation.tuning``), "-" where none applies.
     bound = the pair pass's work at the machine's measured rates, max(2 H n^2 (r + rv) flops /
@@ -107,10 +114,11 @@ def time_per_call(fn, min_time, min_reps, sync=lambda: None):
     return min(blocks), spent / calls, calls
 
 
-def interleaved(timed, min_time, samples=5):
+def interleaved(timed, min_time, samples=None):
     """{name: (median, min, max) seconds per call}: each sample times every implementation in
     turn (calls per sample sized from a probe so a sample lasts ~min_time / samples), each
-    after a SETTLE_S pause that lets the previous one's thread pools go idle."""
+    after a SETTLE_S pause that lets the previous one's thread pools go idle. ``samples``
+    None: 5, or 3 where a call takes over a second; a number given is always taken."""
     per, slowest = {}, 0.0
     for name, (fn, sync) in timed.items():
         sync()
@@ -120,8 +128,8 @@ def interleaved(timed, min_time, samples=5):
         probe = time.perf_counter() - t0
         slowest = max(slowest, probe)
         per[name] = max(1, math.ceil(min_time / samples / max(probe, 1e-9)))
-    if slowest > 1.0:
-        samples = min(samples, 3)
+    if samples is None:
+        samples = 3 if slowest > 1.0 else 5
     times = {name: [] for name in timed}
     for _ in range(samples):
         for name, (fn, sync) in timed.items():
@@ -319,10 +327,24 @@ def bench_large(n, d, H, name, r, rv, args, rates):
             peers.torch_step(tx, tQ, tK, tO, tW, BETA, DT).numpy() - expect)))
         rec["torch_sdpa"] = peers.torch_sdpa_backend(tx, tQ, tK, tW, BETA)
         timed["torch"] = (lambda: peers.torch_step(tx, tQ, tK, tO, tW, BETA, DT), lambda: None)
+        # the layout is measured here, before the timing; the engine's row of the same state
+        ty, torch_row = peers.torch_step_with_observables(tx, tQ, tK, tO, tW, BETA, DT)
+        rec["torch_obs_kernel"] = peers.torch_observables_kernel(tx)
+        rec["torch_obs_layout"] = "{}/{}".format(*peers.torch_observables_layout(tx, tQ, tK, tO, tW, BETA))
+        rec["torch_obs_max_abs_diff_vs_numpy"] = float(np.max(np.abs(ty.numpy() - expect)))
+        sim.set_state(x)
+        engine_row = engine_observed(sim)[0]
+        rec["torch_obs_max_rel_diff_vs_engine"] = max(
+            abs(val - engine_row[key]) / (abs(engine_row[key]) + 1e-6) for key, val in torch_row.items())
+        timed["torch_obs"] = (lambda: peers.torch_step_with_observables(tx, tQ, tK, tO, tW, BETA, DT),
+                              lambda: None)
     for key, (med, best, worst) in interleaved(timed, args.min_time, args.samples).items():
         rec[f"{key}_ms"], rec[f"{key}_best_ms"] = 1e3 * med, 1e3 * best
         rec[f"{key}_spread"] = worst / best   # max / min of the samples
     rec["obs_over_bare"] = rec["engine_obs_ms"] / rec["engine_ms"]
+    if "torch_obs_ms" in rec:
+        rec["torch_obs_over_bare"] = rec["torch_obs_ms"] / rec["torch_ms"]
+        rec["engine_obs_over_torch_obs"] = rec["engine_obs_ms"] / rec["torch_obs_ms"]
     rec["bound_ms"] = 1e3 * bound_seconds(n, H, r, rv, rates)
     for peer in ("numpy", "torch", "bound"):
         if f"{peer}_ms" in rec:
@@ -401,27 +423,30 @@ def print_table(records):
         return
     print("\nlarge n: one Euler step (ms, medians; ratios = engine / peer, < 1 means the engine is faster)")
     print(f"{'n':>6} {'d':>3} {'H':>2} {'heads':<9} {'engine':>9} {'eng+obs':>9} {'obs/e':>6} {'numpy':>9} {'torch':>8} "
-          f"{'bound':>8} {'e/np':>6} {'e/torch':>7} {'e/bound':>7} {'MiB eng':>7} {'np':>6} {'torch':>6} {'|dx|':>8} "
-          f"{'|dx|torch':>9} {'spread e/obs/torch':>18} {'sdpa':>5}  tuning")
+          f"{'torch+obs':>9} {'bound':>8} {'e/np':>6} {'e/torch':>7} {'e+o/t+o':>7} {'e/bound':>7} {'MiB eng':>7} "
+          f"{'np':>6} {'torch':>6} {'|dx|':>8} {'|dx|torch':>9} {'|dobs|':>7} {'spread e/obs/torch/t+o':>23} "
+          f"{'sdpa':>5}  tuning")
     for r in records:
         heads = f"{r['structure']} r={r['r']}"
         print(f"{r['n']:>6} {r['d']:>3} {r['H']:>2} {heads:<9} {fmt(r.get('engine_ms'), '9.1f')} "
               f"{fmt(r.get('engine_obs_ms'), '9.1f')} {fmt(r.get('obs_over_bare'), '6.2f')} {fmt(r.get('numpy_ms'), '9.1f')} "
-              f"{fmt(r.get('torch_ms'), '8.1f')} {fmt(r.get('bound_ms'), '8.1f')} "
+              f"{fmt(r.get('torch_ms'), '8.1f')} {fmt(r.get('torch_obs_ms'), '9.1f')} {fmt(r.get('bound_ms'), '8.1f')} "
               f"{fmt(r.get('engine_over_numpy'), '6.2f')} {fmt(r.get('engine_over_torch'), '7.2f')} "
+              f"{fmt(r.get('engine_obs_over_torch_obs'), '7.2f')} "
               f"{fmt(r.get('engine_over_bound'), '7.2f')} {fmt(r.get('mem_engine_mib'), '7.0f')} "
               f"{fmt(r.get('mem_numpy_mib'), '6.0f')} {fmt(r.get('mem_torch_mib'), '6.0f')} "
               f"{fmt(r.get('max_abs_diff_vs_numpy'), '8.1e')} {fmt(r.get('torch_max_abs_diff_vs_numpy'), '9.1e')} "
-              f"{spreads(r):>18} {r.get('torch_sdpa') or '-':>5}  "
+              f"{fmt(r.get('torch_obs_max_rel_diff_vs_engine'), '7.0e')} "
+              f"{spreads(r):>23} {r.get('torch_sdpa') or '-':>5}  "
               f"{r.get('tuning') or '-'}", flush=True)
     for (n, d, H, r), ratio in low_rank_speedups(records).items():
         print(f"  ({n}, {d}, {H}): rank-{r} heads {ratio:.1f}x faster than full heads")
 
 
 def spreads(r):
-    """"1.10/1.25/1.05": max / min of the samples of the engine, the engine with observables
-    and torch ("-" where not timed)."""
-    return "/".join(fmt(r.get(f"{key}_spread"), ".2f") for key in ("engine", "engine_obs", "torch"))
+    """"1.10/1.25/1.05/1.08": max / min of the samples of the engine, the engine with
+    observables, torch and torch with observables ("-" where not timed)."""
+    return "/".join(fmt(r.get(f"{key}_spread"), ".2f") for key in ("engine", "engine_obs", "torch", "torch_obs"))
 
 
 def markdown(run):
@@ -437,16 +462,18 @@ def markdown(run):
                    f"{r['engine_steps_per_s']:.0f} | {r['tiled_us_per_step']:.0f} | "
                    f"{fmt(r.get('numpy_us_per_step'), '.0f')} | {fmt(r.get('numpy_over_engine'), '.1f')}x |")
     out += ["", "| n | d | H | heads | engine ms | with observables | observed / bare | NumPy ms "
-            "| torch SDPA ms | bound ms | engine / torch | engine / bound | spread engine / observed / torch "
+            "| torch SDPA ms | torch with observables ms | bound ms | engine / torch | observed engine / torch "
+            "| engine / bound | spread engine / observed / torch / torch observed "
             "| RSS growth engine / NumPy / torch MiB |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in run["results"]:
         heads = "full" if r["structure"] == "full" else f"rank {r['r']}"
         out.append(f"| {r['n']} | {r['d']} | {r['H']} | {heads} | {fmt(r.get('engine_ms'), '.1f')} | "
                    f"{fmt(r.get('engine_obs_ms'), '.1f')} | {fmt(r.get('obs_over_bare'), '.2f')} | "
                    f"{fmt(r.get('numpy_ms'), '.1f')} | "
-                   f"{fmt(r.get('torch_ms'), '.1f')} | {fmt(r.get('bound_ms'), '.1f')} | "
-                   f"{fmt(r.get('engine_over_torch'), '.2f')} | {fmt(r.get('engine_over_bound'), '.2f')} | "
+                   f"{fmt(r.get('torch_ms'), '.1f')} | {fmt(r.get('torch_obs_ms'), '.1f')} | "
+                   f"{fmt(r.get('bound_ms'), '.1f')} | {fmt(r.get('engine_over_torch'), '.2f')} | "
+                   f"{fmt(r.get('engine_obs_over_torch_obs'), '.2f')} | {fmt(r.get('engine_over_bound'), '.2f')} | "
                    f"{spreads(r).replace('/', ' / ')} | "
                    f"{fmt(r.get('mem_engine_mib'), '.0f')} / {fmt(r.get('mem_numpy_mib'), '.0f')} / "
                    f"{fmt(r.get('mem_torch_mib'), '.0f')} |")
@@ -481,7 +508,8 @@ def main(argv=None):
     ap.add_argument("--structures", nargs="+", choices=("full", "low"), default=("full", "low"))
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     ap.add_argument("--min-time", type=float, default=None, help="seconds per implementation and point (default 2, quick 0.5)")
-    ap.add_argument("--samples", type=int, default=5, help="interleaved samples per point (3 where a call takes over 1 s)")
+    ap.add_argument("--samples", type=int, default=None,
+                    help="interleaved samples per point (default 5, 3 where a call takes over 1 s)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-RSS subprocesses")
     ap.add_argument("--no-numpy", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
