@@ -405,7 +405,7 @@ clusters = true
 """
 
 
-def test_stop_rules_end_each_unit_where_its_own_flow_stops(tmp_path):
+def test_stop_rules_end_each_unit_where_its_own_flow_stops(tmp_path, monkeypatch):
     """Two units (beta 0.5 and 1, batch 1) under the scene's stop_kinetic: each stops where the
     same scene run alone (`particles run`) stops, at different times; the table records each
     unit's stop time and reason, the record times before the stop as recorded, those after it
@@ -437,3 +437,16 @@ def test_stop_rules_end_each_unit_where_its_own_flow_stops(tmp_path):
             assert kin == pytest.approx(log["kinetic"][k], rel=1e-9, abs=1e-20)
     assert 5.0 < stops[1.0] < 30.0 and stops[0.5] != stops[1.0]
     assert cols["clusters"][cols["time"] == 30.0].tolist() == [1.0, 1.0]
+
+    # the phase diagram marks each unit's stop over its own beta cell
+    from matplotlib.collections import LineCollection
+    from particles.app.sweep import plots
+    figures = []
+    monkeypatch.setattr(plots, "save_png_svg", lambda fig, stem: figures.append(fig) or [])
+    plots.plot_phase_diagram(tmp_path / "out" / "results.csv", tmp_path / "pd")
+    (ax,) = [a for a in figures[0].axes if a.get_label() != "<colorbar>"]
+    marks = sorted((float(seg[0][1]), float(seg[0][0]), float(seg[1][0]))
+                   for c in ax.collections if isinstance(c, LineCollection) and c.get_linestyle()[0][1]
+                   for seg in c.get_segments())
+    edges = plots._edges(np.array([0.5, 1.0]), False)
+    assert marks == sorted([(stops[0.5], edges[0], edges[1]), (stops[1.0], edges[1], edges[2])])

@@ -187,6 +187,8 @@ def plot_phase_diagram(results_csv, out_stem, quantity: str | None = None) -> li
         if np.isfinite(med).sum() >= 4 and np.nanmin(med) < level < np.nanmax(med):
             ax.contour(betas, t_plot, med.T, levels=[level], colors="white", linewidths=1.2)
         _overlays(ax, um, cols, mask, betas, t_plot, tau)
+        if "stop_time" in cols:
+            _stop_marks(ax, cols, mask, betas, blin)
         if label:
             ax.set_title(label, fontsize=9, loc="left")
         ax.set_xlabel(r"$\beta$", fontsize=9)
@@ -210,6 +212,35 @@ def plot_phase_diagram(results_csv, out_stem, quantity: str | None = None) -> li
     n_seeds = np.unique(cols["tokens.seed"]).size
     fig.suptitle(f"{title}: {clabel} over {n_seeds} seeds", fontsize=10)
     return save_png_svg(fig, out_stem)
+
+
+def _stop_marks(ax, cols, mask, betas, blin: bool) -> None:
+    """Where stop rules ended units: a dashed white segment at each unit's stop time over the
+    cells of its betas (the rows above it hold the state the unit stopped in)."""
+    edges = _edges(betas, not blin)
+    units, stops, beta = cols["unit"][mask], cols["stop_time"][mask].astype(float), cols["dynamics.beta"][mask]
+    label = "stop rule met: rows above repeat the stopped state"
+    for u in np.unique(units):
+        mine = units == u
+        t_stop = stops[mine][0]
+        if not np.isfinite(t_stop):
+            continue
+        cells = np.searchsorted(betas, np.unique(beta[mine]))
+        for lo, hi in _runs(cells):
+            ax.hlines(t_stop, edges[lo], edges[hi + 1], colors="white", linestyles="--", lw=1.4,
+                      label=label)
+            label = None
+
+
+def _runs(cells: np.ndarray):
+    """Consecutive runs (first, last) of sorted cell indices."""
+    start = prev = int(cells[0])
+    for c in map(int, cells[1:]):
+        if c != prev + 1:
+            yield start, prev
+            start = c
+        prev = c
+    yield start, prev
 
 
 def _overlays(ax, um: dict | None, cols, mask, betas, t_plot, tau: float) -> None:
