@@ -129,6 +129,20 @@ def lane_columns(real, L: int):
     return column
 
 
+def lane_log(real, L: int):
+    """A ti.func log(v) lane by lane over an L-lane vector (libm per lane: Taichi has no
+    vector log unscalarised)."""
+
+    @ti.func
+    def log(v):
+        out = v
+        for k in range(L):
+            out[k] = ti.log(v[k])
+        return out
+
+    return log
+
+
 # -- exponential rules: the online softmax ---------------------------------------------------------
 @ti.func
 def rebased_entropy_sum(ent, wsum, shift, scale):
@@ -168,33 +182,34 @@ def row_entropy(log_wsum, ent, wsum):
     return log_wsum - ent / wsum
 
 
-def row_finish(real, exponential: bool, guarded: bool = True):
-    """A ti.func finish(m, wsum, ent, wpos, top, pot) -> the vector (entropy, energy) of a
-    finished row: for the exponential rules the entropy ``row_entropy`` and the log of the
-    row's energy sum, sum_j e^z_j = e^m wsum (0, 0 for a row without weight unless
-    guarded=False: the register-tile passes, whose rows hold their maximum's weight 1); for
-    kernel rules the entropy relative to the largest weight (``kernel_entropy``) and the
-    potential's row sum ``pot``."""
+def row_finish(real, exponential: bool, guarded: bool = True, log=ti.log):
+    """A ti.func finish(m, wsum, ent, wpos, top, pot) -> (entropy, energy) of a finished row:
+    for the exponential rules the entropy ``row_entropy`` and the log of the row's energy sum,
+    sum_j e^z_j = e^m wsum (0, 0 for a row without weight unless guarded=False: the
+    register-tile passes, whose rows hold their maximum's weight 1); for kernel rules the
+    entropy relative to the largest weight (``kernel_entropy``) and the potential's row sum
+    ``pot``. Unguarded, the exponential finish is written over the layout's value type: a
+    scalar row, or L rows in a vector's lanes with the lanes' ``log`` (``lane_log``; the
+    wide pass)."""
     _, kernel_row_entropy = kernel_entropy(real)
+
+    @ti.func
+    def exponential_row(m, wsum, ent, wpos, top, pot):
+        log_wsum = log(wsum)
+        return row_entropy(log_wsum, ent, wsum), m + log_wsum
 
     @ti.func
     def finish(m, wsum, ent, wpos, top, pot):
         entropy = ti.cast(0, real)
         energy = pot
-        if ti.static(exponential and not guarded):
-            log_wsum = ti.log(wsum)
-            entropy = row_entropy(log_wsum, ent, wsum)
-            energy = m + log_wsum
-        elif ti.static(exponential):
+        if ti.static(exponential):
             if wsum > 0:
-                log_wsum = ti.log(wsum)
-                entropy = row_entropy(log_wsum, ent, wsum)
-                energy = m + log_wsum
+                entropy, energy = exponential_row(m, wsum, ent, wpos, top, pot)
         else:
             entropy = kernel_row_entropy(wsum, wpos, top, ent)
-        return ti.Vector([entropy, energy])
+        return entropy, energy
 
-    return finish
+    return exponential_row if exponential and not guarded else finish
 
 
 def normalisation(real, softmax: bool, exponential: bool, guarded: bool = True):

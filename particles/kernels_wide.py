@@ -143,6 +143,7 @@ def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: 
     c, splat, vabs, exp_clamped = vector_helpers(real, L)
     column = lane_columns(real, L)
     row_norm = kernel_math.normalisation(real, softmax_norm, True, guarded=False)
+    finish_row = kernel_math.row_finish(real, True, guarded=False, log=kernel_math.lane_log(real, L))
 
     @ti.func
     def clamp(z):
@@ -285,9 +286,7 @@ def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: 
                 # normalise, f = O g, the row statistics; scatter the rows of the group
                 for t in ti.static(range(TR)):
                     norm = splat(0)
-                    logw = splat(0)
                     for k in range(L):
-                        logw[k] = ti.log(wsum[t][k])
                         norm[k] = row_norm(wsum[t][k], m[t][k], c(n))
                     i0 = (il + t) * L
                     for e in range(d):
@@ -298,8 +297,7 @@ def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: 
                         for k in range(L):
                             if i0 + k < n:
                                 f[b, h, i0 + k, e] = fe[k]
-                    entropy = kernel_math.row_entropy(logw, ent[t], wsum[t])
-                    energy = m[t] + logw
+                    entropy, energy = finish_row(m[t], wsum[t], ent[t], splat(0), splat(0), splat(0))
                     for k in range(L):
                         if i0 + k < n:
                             row[b, h, i0 + k, 0] = m[t][k]
