@@ -500,30 +500,57 @@ def direction_sum(acc, d: int, point=token_major):
 
 
 # -- the column reduction --------------------------------------------------------------------------
-def column_reduction(acc, value, with_lse):
+def column_reduction(acc, value, with_lse, partials: bool = False):
     """A ti.func chunk(src, aux, b, col, first, last) -> the vector (sum, min, max, sum_i
     e^(v_i - max)) of the values v_i = value(src, aux, b, i, col) of tokens first..last-1, in
-    type ``acc``, in token order; the exponentials (shifted by the maximum, so in (0, 1]) only
+    type ``acc``, in item order; the exponentials (shifted by the maximum, so in (0, 1]) only
     where with_lse(col), else 0. The CPU reduces all n tokens as one chunk (``reduce_slot``),
-    a GPU chunks of tokens in parallel and then the chunks (``kernels_gpu``)."""
+    a GPU chunks of tokens in parallel and then the chunks (``kernels_gpu``): with partials,
+    item i is a chunk's own (sum, min, max, exponential sum) vector, and the chunks' sums add,
+    their extremes meet and each exponential sum is re-based onto the overall maximum."""
+    if partials:
+        @ti.func
+        def extent(v):  # (sum, min, max) of an item
+            return v[0], v[1], v[2]
+
+        @ti.func
+        def shifted(v, hi):  # an item's sum of e^(v - hi)
+            return v[3] * ti.exp(v[2] - hi)
+    else:
+        @ti.func
+        def extent(v):
+            return v, v, v
+
+        @ti.func
+        def shifted(v, hi):
+            return ti.exp(v - hi)
 
     @ti.func
     def chunk(src: ti.template(), aux: ti.template(), b, col, first, last):
         total = ti.cast(0, acc)
-        lo = value(src, aux, b, first, col)
-        hi = lo
+        _, lo, hi = extent(value(src, aux, b, first, col))
         for i in range(first, last):
-            v = value(src, aux, b, i, col)
-            total += v
-            lo = ti.min(lo, v)
-            hi = ti.max(hi, v)
+            v_sum, v_lo, v_hi = extent(value(src, aux, b, i, col))
+            total += v_sum
+            lo = ti.min(lo, v_lo)
+            hi = ti.max(hi, v_hi)
         lse = ti.cast(0, acc)
         if with_lse(col):
             for i in range(first, last):
-                lse += ti.exp(value(src, aux, b, i, col) - hi)
+                lse += shifted(value(src, aux, b, i, col), hi)
         return ti.Vector([total, lo, hi, lse])
 
     return chunk
+
+
+@ti.func
+def store_column(out: ti.template(), slot, b, col, r):
+    """out[slot, b, col] = (sum, min, max, log-sum-exp) from a reduction's (sum, min, max,
+    sum e^(v - max))."""
+    out[slot, b, col, 0] = r[0]
+    out[slot, b, col, 1] = r[1]
+    out[slot, b, col, 2] = r[2]
+    out[slot, b, col, 3] = r[2] + ti.log(r[3])
 
 
 @ti.func
@@ -545,8 +572,4 @@ def reduce_slot(tok: ti.template(), b, s, n, out: ti.template(), slot):
     """out[slot, b, s] = (sum, min, max, log-sum-exp) of slot s of replica b's n tokens, in
     float64 in token order (the log-sum-exp for the row energies only: it skips n exps
     elsewhere)."""
-    r = _reduce_tokens(tok, tok, b, s, 0, n)
-    out[slot, b, s, 0] = r[0]
-    out[slot, b, s, 1] = r[1]
-    out[slot, b, s, 2] = r[2]
-    out[slot, b, s, 3] = r[2] + ti.log(r[3])
+    store_column(out, slot, b, s, _reduce_tokens(tok, tok, b, s, 0, n))

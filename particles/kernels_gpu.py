@@ -65,6 +65,16 @@ def _reduce_kernels(n_slots: int, d: int, acc):
 
     chunk = kernel_math.column_reduction(acc, column, with_lse)
 
+    @ti.func
+    def chunk_partial(part: ti.template(), unused: ti.template(), b, ck, col):
+        return ti.Vector([part[b, col, ck, k] for k in ti.static(range(4))])
+
+    @ti.func
+    def slot_column(col):  # the chunks' exponential sums are combined for every slot
+        return col < n_slots
+
+    chunks = kernel_math.column_reduction(acc, chunk_partial, slot_column, partials=True)
+
     @ti.kernel
     def partial(tok: any3, x: any3, part: any4):
         """part[b, col, chunk] = (sum, min, max, sum of e^(v - max)) over the chunk's tokens."""
@@ -77,25 +87,12 @@ def _reduce_kernels(n_slots: int, d: int, acc):
     @ti.kernel
     def finish(part: any4, out: any4, sumx: any4, slot: ti.i32):
         """Combine the chunks in order into out[slot] (slots) and sumx[slot] (sum of x_i/|x_i|)."""
-        nchunk = part.shape[2]
         for b, col in ti.ndrange(part.shape[0], part.shape[1]):
-            total = ti.cast(0, acc)
-            lo = part[b, col, 0, 1]
-            hi = part[b, col, 0, 2]
-            for ck in range(nchunk):
-                total += part[b, col, ck, 0]
-                lo = ti.min(lo, part[b, col, ck, 1])
-                hi = ti.max(hi, part[b, col, ck, 2])
+            r = chunks(part, part, b, col, 0, part.shape[2])
             if col < n_slots:
-                lse = ti.cast(0, acc)
-                for ck in range(nchunk):
-                    lse += part[b, col, ck, 3] * ti.exp(part[b, col, ck, 2] - hi)
-                out[slot, b, col, 0] = total
-                out[slot, b, col, 1] = lo
-                out[slot, b, col, 2] = hi
-                out[slot, b, col, 3] = hi + ti.log(lse)
+                kernel_math.store_column(out, slot, b, col, r)
             else:
-                sumx[slot, b, col - n_slots, 0] = total
+                sumx[slot, b, col - n_slots, 0] = r[0]
 
     return partial, finish
 
