@@ -318,14 +318,15 @@ def _attention_with_lse(q, k, val, beta):
 
 
 def _observed_attention(x, Q, K, O, W, beta, name, size):
-    """(q (H, n, r), lse (H, n), the per-head outputs f^h (H, n, d), kbar_i = sum_j w_ij K x_j
-    (H, n, r)) from the flash kernel in layout ``name`` at head size ``size``."""
+    """(q (H, n, r), lse (H, n), kbar_i = sum_j w_ij K x_j (H, n, r), U, B) from the flash
+    kernel in layout ``name`` at head size ``size``: the per-head outputs are f^h = U_h B_h^T
+    (H, n, d), or U itself where B is None."""
     n, d = x.shape
     H, r, _ = Q.shape
     rv = W.shape[1]
 
     def padded(A):                                             # (H, a, d) -> (H, size, d), zero rows
-        return _F.pad(A, (0, 0, 0, size - A.shape[1]))
+        return A if A.shape[1] == size else _F.pad(A, (0, 0, 0, size - A.shape[1]))
 
     stacks = [padded(Q), padded(K)] + {"tokens": [], "pair": [padded(_torch.cat([W, K], dim=1))],
                                        "two": [padded(W)]}[name]
@@ -333,16 +334,34 @@ def _observed_attention(x, Q, K, O, W, beta, name, size):
     q, k, *values = (part.view(n, H, size).transpose(0, 1).unsqueeze(0)
                      for part in proj.split(H * size, dim=1))
     if name == "tokens":
-        att, lse = _attention_with_lse(q, k, _F.pad(x, (0, size - d)).expand(1, H, n, size), beta)
+        tokens = x if size == d else _F.pad(x, (0, size - d))
+        att, lse = _attention_with_lse(q, k, tokens.expand(1, H, n, size), beta)
         # xbar_i = sum_j w_ij x_j; f^h = V xbar and kbar = K xbar in one matmul, V = O W
         out = _torch.bmm(att[0, ..., :d], _torch.cat([O @ W, K], dim=1).transpose(1, 2))
-        return q[0, ..., :r], lse, out[..., :d], out[..., d:]
+        return q[0, ..., :r], lse, out[..., d:], out[..., :d], None
     att, lse = _attention_with_lse(q, k, values[0], beta)
     if name == "pair":
         kbar = att[0, ..., rv:rv + r]
     else:
         kbar = _attention_with_lse(q, k, k, beta)[0][0, ..., :r]
-    return q[0, ..., :r], lse, _torch.bmm(att[0, ..., :rv], O.transpose(1, 2)), kbar
+    return q[0, ..., :r], lse, kbar, att[0, ..., :rv], O
+
+
+def _row_sums(x, U, B):
+    """v = sum_h f^h (n, d) and per row <f^h, x>, |f^h|^2, <f^h, v> (H, n), for f^h = U_h B_h^T
+    (U itself where B is None): in U's width rv where it is below d (B's columns stacked once,
+    |f|^2 = u^T (B^T B) u), else from the f^h."""
+    H, n, rv = U.shape
+    d = x.shape[1]
+    if B is not None and rv < d:
+        stacked = B.transpose(1, 2).reshape(H * rv, d)
+        v = U.transpose(0, 1).reshape(n, H * rv) @ stacked
+        back = (_torch.cat([x, v]) @ stacked.T).view(2, n, H, rv).transpose(1, 2)   # B^T x, B^T v
+        gram_u = _torch.bmm(U, B.transpose(1, 2) @ B)
+        return v, (U * back[0]).sum(-1), (U * gram_u).sum(-1), (U * back[1]).sum(-1)
+    F = U if B is None else _torch.bmm(U, B.transpose(1, 2))
+    v = F.sum(dim=0)
+    return v, (F * x).sum(-1), (F * F).sum(-1), (F * v).sum(-1)
 
 
 def torch_observables_layouts(d, r, rv):
@@ -395,12 +414,13 @@ def torch_step_with_observables(x, Q, K, O, W, beta, dt, device=None, layout=Non
     full heads need no padding); "pair", one call with values [W x, K x] and q, k zero-padded;
     "two", one call with values W x and one with values K x.  D may exceed the least that
     fits: the kernel runs faster at some head sizes (on an AVX-512 CPU 16 beats 2 to 8).
-    The per-head outputs f^h give the radial shadows, tangent powers and cross terms (row
-    sums in float32, sums over rows in float64).  Off the CPU, or before torch 2.3, the
+    The per-head outputs f^h = O_h u^h give the radial shadows, tangent powers and cross
+    terms, reduced in the value rank where it is below d (<f^h, x> = <u^h, O_h^T x>; row sums
+    in float32, sums over rows in float64).  Off the CPU, or before torch 2.3, the
     attention is the math formula (H n x n matrices; ``torch_observables_kernel`` says which).
 
     Memory: no n x n matrix with the flash kernel; x times the stacked factors (n, 3 H D),
-    the attention output (H, n, D) and the per-head outputs (H, n, d).
+    the attention output (H, n, D) and, where rv >= d, the per-head outputs (H, n, d).
     """
     if not TORCH_AVAILABLE:
         raise ImportError("torch is not installed: the PyTorch peer is unavailable "
@@ -417,8 +437,8 @@ def torch_step_with_observables(x, Q, K, O, W, beta, dt, device=None, layout=Non
     with torch.no_grad():
         if layout is None:
             layout = torch_observables_layout(x, Q, K, O, W, beta)
-        q, lse, F, kbar = _observed_attention(x, Q, K, O, W, beta, *layout)
-        v = F.sum(dim=0)
+        q, lse, kbar, U, B = _observed_attention(x, Q, K, O, W, beta, *layout)
+        v, a, fsq, fv = _row_sums(x, U, B)
         radial = (v * x).sum(dim=1, keepdim=True)
         xdot = v - radial * x
         y = x + float(dt) * xdot
@@ -426,12 +446,9 @@ def torch_step_with_observables(x, Q, K, O, W, beta, dt, device=None, layout=Non
 
         f64 = torch.float64
         entropy = lse - float(beta) * (q * kbar).sum(dim=-1)  # (H, n)
-        a = torch.einsum("hnd,nd->hn", F, x)                   # radial shadows a^h_i
-        fsq = torch.einsum("hnd,hnd->hn", F, F).to(f64)
-        aa = (a * a).to(f64)
-        absa = a.abs()
+        fsq, aa, absa = fsq.to(f64), (a * a).to(f64), a.abs()   # a: the radial shadows a^h_i
         tangent = (fsq - aa).sum(dim=1) / n
-        cross = (torch.einsum("hnd,nd->hn", F, v).to(f64) - fsq).sum(dim=1) / n
+        cross = (fv.to(f64) - fsq).sum(dim=1) / n
         shadow = ((a * a.sum(dim=0)).to(f64) - aa).sum(dim=1) / n
         shadow_abs = ((absa * absa.sum(dim=0)).to(f64) - aa).sum(dim=1) / n
         lse64 = lse.to(f64)

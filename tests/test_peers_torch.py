@@ -35,9 +35,10 @@ def _assert_same_observables(got, want):
 
 
 # (n, d, H, r, rv, beta): full heads (the tokens carried as values), low rank (values and keys
-# carried, q and k padded), r != rv, r > d, and a large beta (entropy far below log n)
+# carried, q and k padded; row sums in the rank), r != rv, r > d, rv > d, and a large beta
+# (entropy far below log n)
 CASES = [(64, 6, 3, 6, 6, 1.0), (96, 16, 4, 4, 4, 1.5), (40, 6, 3, 4, 5, 2.5),
-         (50, 3, 2, 5, 1, 0.7), (64, 8, 2, 2, 3, 9.0)]
+         (50, 3, 2, 5, 1, 0.7), (64, 8, 2, 2, 3, 9.0), (40, 4, 2, 2, 6, 1.2)]
 
 
 @pytest.mark.parametrize("n,d,H,r,rv,beta", CASES)
