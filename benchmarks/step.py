@@ -327,7 +327,9 @@ def bench_large(n, d, H, name, r, rv, args, rates):
             peers.torch_step(tx, tQ, tK, tO, tW, BETA, DT).numpy() - expect)))
         rec["torch_sdpa"] = peers.torch_sdpa_backend(tx, tQ, tK, tW, BETA)
         timed["torch"] = (lambda: peers.torch_step(tx, tQ, tK, tO, tW, BETA, DT), lambda: None)
-        # the layout is measured here, before the timing; the engine's row of the same state
+        # the layout is measured here, before the timing (NumPy's BLAS threads idle first);
+        # the engine's row of the same state
+        time.sleep(SETTLE_S)
         ty, torch_row = peers.torch_step_with_observables(tx, tQ, tK, tO, tW, BETA, DT)
         rec["torch_obs_kernel"] = peers.torch_observables_kernel(tx)
         rec["torch_obs_layout"] = "{}/{}".format(*peers.torch_observables_layout(tx, tQ, tK, tO, tW, BETA))
