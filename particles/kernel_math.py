@@ -129,6 +129,60 @@ def lane_columns(real, L: int):
     return column
 
 
+def lane_tiles(real, L: int, TR: int, JB: int, AC: int, query, key, value):
+    """The register tiles of the lane passes (kernels_wide, kernels_fused; rows in lanes, TR row
+    vectors a tile) over the caller's register lists (templates, updated in place), each layout
+    passing its reads: query(q, b, h, a, row) -> beta q_a of a row group's lanes, key / value
+    (k, b, h, j, a) -> k_j[a] / u_j[a], broadcast. scores: TR x JB scores of columns j0 + jj
+    (keys kj + jj) into zs[slot], NEG_BIG from column ``live`` on, and their running maximum
+    top; weigh: column j's scores become e^(z - m) (clamped), summed into wsum and, with
+    observe, w (z - m) into ent; weighted_sum: part[t][cc] += sum_(j < jn) w_j u_(j_first + j)."""
+    c, splat, _, exp_clamped = vector_helpers(real, L)
+    f32 = real == ti.f32
+    NEG_BIG = -3.0e38 if f32 else -1.0e300
+
+    @ti.func
+    def scores(q: ti.template(), k: ti.template(), zs: ti.template(), top: ti.template(), b, h, row,
+               slot, j0, kj, live, r):
+        z = [[splat(0) for _ in ti.static(range(JB))] for _ in ti.static(range(TR))]
+        for a in range(r):
+            qa = [query(q, b, h, a, row + t) for t in ti.static(range(TR))]
+            for jj in ti.static(range(JB)):
+                kv = key(k, b, h, kj + jj, a)
+                for t in ti.static(range(TR)):
+                    z[t][jj] += qa[t] * kv
+        for jj in ti.static(range(JB)):
+            alive = j0 + jj < live
+            for t in ti.static(range(TR)):
+                zt = ti.select(alive, z[t][jj], c(NEG_BIG))
+                zs[slot, t, j0 + jj] = zt
+                top[t] = ti.max(top[t], zt)
+
+    @ti.func
+    def weigh(zs: ti.template(), slot, j, m: ti.template(), wsum: ti.template(), ent: ti.template(),
+              observe):
+        for t in ti.static(range(TR)):
+            zc = zs[slot, t, j] - m[t]
+            if ti.static(f32):
+                zc = ti.max(zc, c(CLAMP))
+            w = exp_clamped(zc)
+            zs[slot, t, j] = w
+            wsum[t] += w
+            if observe:  # loop-invariant: LLVM unswitches it
+                ent[t] += w * zc
+
+    @ti.func
+    def weighted_sum(zs: ti.template(), slot, u: ti.template(), b, h, j_first, jn, a0, part: ti.template()):
+        for j in range(jn):
+            wt = [zs[slot, t, j] for t in ti.static(range(TR))]
+            for cc in ti.static(range(AC)):
+                uj = value(u, b, h, j_first + j, a0 + cc)
+                for t in ti.static(range(TR)):
+                    part[t][cc] += wt[t] * uj
+
+    return scores, weigh, weighted_sum
+
+
 def lane_log(real, L: int):
     """A ti.func log(v) lane by lane over an L-lane vector (libm per lane: Taichi has no
     vector log unscalarised)."""

@@ -46,7 +46,7 @@ import taichi as ti
 from taichi.lang import impl
 
 from . import kernel_math, kernels, paths
-from .kernel_math import CLAMP, lane_columns, vector_helpers
+from .kernel_math import lane_columns, vector_helpers
 from .layout import n_tok_slots
 from .paths import pair_work
 
@@ -224,8 +224,18 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
     i64arr1 = ti.types.ndarray(dtype=ti.i64, ndim=1)
     v3 = ti.types.ndarray(dtype=vec, ndim=3)
     v4 = ti.types.ndarray(dtype=vec, ndim=4)
-    c, splat, vabs, exp_clamped = vector_helpers(real, L)
+    c, splat, vabs, _ = vector_helpers(real, L)
     column = lane_columns(real, L)
+
+    @ti.func
+    def query(qv: ti.template(), b, h, a, row):
+        return qv[b, h, a, row]
+
+    @ti.func
+    def token(ks: ti.template(), b, h, j, a):  # the rank over lanes
+        return ks[b, h, j, a // L][a % L]
+
+    scores, weigh, weighted_sum = kernel_math.lane_tiles(real, L, TR, JB, AC, query, token, token)
 
     @ti.func
     def rows_project(b, jl, y: ti.template(), Qf: ti.template(), kw: ti.template(),
@@ -277,33 +287,13 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
         wpos = [splat(0) for _ in ti.static(range(TR))]   # the positive weights' sum
         top = [splat(NEG_BIG) for _ in ti.static(range(TR))]
         for j0i in range(npad // JB):
-            j0 = j0i * JB
-            z = [[splat(0) for _ in ti.static(range(JB))] for _ in ti.static(range(TR))]
-            for a in range(r):
-                qa = [qv[b, h, a, il0 + t] for t in ti.static(range(TR))]
-                for jj in ti.static(range(JB)):
-                    kj = ks[b, h, j0 + jj, a // L][a % L]
-                    for t in ti.static(range(TR)):
-                        z[t][jj] += qa[t] * kj
-            for jj in ti.static(range(JB)):
-                live = j0 + jj < n
-                for t in ti.static(range(TR)):
-                    zt = ti.select(live, z[t][jj], c(NEG_BIG))
-                    zs[worker, t, j0 + jj] = zt
-                    top[t] = ti.max(top[t], zt)
+            scores(qv, ks, zs, top, b, h, il0, worker, j0i * JB, j0i * JB, n, r)
         m = top
         for j in range(n):
-            for t in ti.static(range(TR)):
-                if ti.static(exponential):
-                    zc = zs[worker, t, j] - m[t]
-                    if ti.static(f32):
-                        zc = ti.max(zc, c(CLAMP))
-                    w = exp_clamped(zc)
-                    zs[worker, t, j] = w
-                    wsum[t] += w
-                    if observe:  # loop-invariant: LLVM unswitches it
-                        ent[t] += w * zc
-                else:
+            if ti.static(exponential):
+                weigh(zs, worker, j, m, wsum, ent, observe)
+            else:
+                for t in ti.static(range(TR)):
                     z = zs[worker, t, j]
                     w = splat(0)
                     for k in range(L):
@@ -323,12 +313,7 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
         for a0i in range(RVP // AC):
             a0 = a0i * AC
             part = [[splat(0) for _ in ti.static(range(AC))] for _ in ti.static(range(TR))]
-            for j in range(n):
-                wt = [zs[worker, t, j] for t in ti.static(range(TR))]
-                for cc in ti.static(range(AC)):
-                    uj = us[b, h, j, (a0 + cc) // L][(a0 + cc) % L]
-                    for t in ti.static(range(TR)):
-                        part[t][cc] += wt[t] * uj
+            weighted_sum(zs, worker, us, b, h, 0, n, a0, part)
             for t in ti.static(range(TR)):
                 for cc in ti.static(range(AC)):
                     gv[b, h, a0 + cc, il0 + t] = part[t][cc] * norm[t]

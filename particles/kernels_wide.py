@@ -140,7 +140,7 @@ def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: 
     arr4 = ti.types.ndarray(dtype=real, ndim=4)
     v2 = ti.types.ndarray(dtype=vec, ndim=2)
     v3 = ti.types.ndarray(dtype=vec, ndim=3)
-    c, splat, vabs, exp_clamped = vector_helpers(real, L)
+    c, splat, _, exp_clamped = vector_helpers(real, L)
     column = lane_columns(real, L)
     row_norm = kernel_math.normalisation(real, softmax_norm, True, guarded=False)
     finish_row = kernel_math.row_finish(real, True, guarded=False, log=kernel_math.lane_log(real, L))
@@ -153,6 +153,16 @@ def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: 
         return result
 
     rebase = kernel_math.online_rebase(exp_clamped, clamp)
+
+    @ti.func
+    def query(qv: ti.template(), b, h, a, row):   # one head's projections at a time: h unused
+        return qv[b, a, row]
+
+    @ti.func
+    def token(ks: ti.template(), b, h, j, a):
+        return ks[b, j, a]
+
+    scores, weigh, weighted_sum = kernel_math.lane_tiles(real, L, TR, JB, AC, query, token, token)
 
     @ti.kernel
     def transpose(x: arr3, xt: v3):
@@ -240,20 +250,7 @@ def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: 
                     # scores, TR row vectors x JB columns per tile; block maximum
                     top = [splat(NEG_BIG) for _ in ti.static(range(TR))]
                     for j0i in range((jn + JB - 1) // JB):
-                        j0 = j0i * JB
-                        z = [[splat(0) for _ in ti.static(range(JB))] for _ in ti.static(range(TR))]
-                        for a in range(r):
-                            qa = [qv[b, a, il + t] for t in ti.static(range(TR))]
-                            for jj in ti.static(range(JB)):
-                                kj = ks[b, jb + j0 + jj, a]
-                                for t in ti.static(range(TR)):
-                                    z[t][jj] += qa[t] * kj
-                        for jj in ti.static(range(JB)):
-                            live = j0 + jj < jn
-                            for t in ti.static(range(TR)):
-                                zt = ti.select(live, z[t][jj], c(NEG_BIG))
-                                zs[s, t, j0 + jj] = zt
-                                top[t] = ti.max(top[t], zt)
+                        scores(qv, ks, zs, top, b, h, il, s, j0i * JB, jb + j0i * JB, jn, r)
                     # a new maximum re-bases the sums (scale = e^(m_old - m_new) <= 1)
                     for t in ti.static(range(TR)):
                         mn = ti.max(m[t], top[t])
@@ -263,23 +260,13 @@ def _wide_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, L: 
                         m[t] = mn
                     # weights (in place of the scores)
                     for j in range(jn):
-                        for t in ti.static(range(TR)):
-                            zc = clamp(zs[s, t, j] - m[t])
-                            w = exp_clamped(zc)
-                            zs[s, t, j] = w
-                            wsum[t] += w
-                            ent[t] += w * zc
+                        weigh(zs, s, j, m, wsum, ent, True)
                     # the weighted sum of u: TR row vectors x AC components per tile
                     for a0i in range(rvp // AC):
                         a0 = a0i * AC
                         part = [[acc[s, t, a0 + cc] for cc in ti.static(range(AC))]
                                 for t in ti.static(range(TR))]
-                        for j in range(jn):
-                            wt = [zs[s, t, j] for t in ti.static(range(TR))]
-                            for cc in ti.static(range(AC)):
-                                uj = us[b, jb + j, a0 + cc]
-                                for t in ti.static(range(TR)):
-                                    part[t][cc] += wt[t] * uj
+                        weighted_sum(zs, s, us, b, h, jb, jn, a0, part)
                         for t in ti.static(range(TR)):
                             for cc in ti.static(range(AC)):
                                 acc[s, t, a0 + cc] = part[t][cc]
