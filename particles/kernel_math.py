@@ -113,6 +113,12 @@ def vector_helpers(real, L: int):
     return c, splat, vabs, exp_clamped
 
 
+def ndarrays(dtype):
+    """The ndarray argument types of 1 to 4 dimensions with elements ``dtype`` (a real type
+    or a lane vector type): the passes' kernel signatures."""
+    return tuple(ti.types.ndarray(dtype=dtype, ndim=k) for k in range(1, 5))
+
+
 def lane_columns(real, L: int):
     """A ti.func (F, h, e, cc, rank) -> the L-lane vector F[h, cc L + k, e] over k (zero past
     rank): column e of a head's factor with its rank in lanes (the fused and wide passes)."""

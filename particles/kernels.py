@@ -69,10 +69,7 @@ class KernelSet:
         n_slots = n_tok_slots(H)
         unrolled = d <= kernel_math.UNROLL_MAX_D   # loops over components unrolled at compile time
         direction_norm, direction_total = kernel_math.direction_sum(ti.f64, d)
-        arr2 = ti.types.ndarray(dtype=real, ndim=2)
-        arr1 = ti.types.ndarray(dtype=real, ndim=1)
-        arr3 = ti.types.ndarray(dtype=real, ndim=3)
-        arr4 = ti.types.ndarray(dtype=real, ndim=4)
+        arr1, arr2, arr3, arr4 = kernel_math.ndarrays(real)
         f64arr4 = ti.types.ndarray(dtype=ti.f64, ndim=4)
         int2 = ti.types.ndarray(dtype=ti.i32, ndim=2)
 
@@ -513,11 +510,8 @@ def _fast_kernels(real, d: int, H: int, r: int, rv: int, softmax_norm: bool, TI:
     rvp = -(-rv // A) * A
     ngw = -(-rvp // TI)
     rva = rvp if lanes_j else nac * AL  # value rank padded to whole groups
-    arr1 = ti.types.ndarray(dtype=real, ndim=1)
-    arr3 = ti.types.ndarray(dtype=real, ndim=3)
+    arr1, arr2, arr3, arr4 = kernel_math.ndarrays(real)
     int2 = ti.types.ndarray(dtype=ti.i32, ndim=2)
-    arr2 = ti.types.ndarray(dtype=real, ndim=2)
-    arr4 = ti.types.ndarray(dtype=real, ndim=4)
     vecL = ti.types.ndarray(dtype=ti.types.vector(L, real), ndim=1)
     TP = _pow2(TI)          # TI-vectors are stored padded to a power of 2: LLVM assumes
     vecT = ti.types.ndarray(dtype=ti.types.vector(TP, real), ndim=1)  # natural alignment

@@ -215,15 +215,10 @@ def _fused_kernel(rule, geometry: str, dtype: str, d: int, H: int, r: int, rv: i
     RVP = -(-rv // AC) * AC
     n_slots = n_tok_slots(H)
     vec = ti.types.vector(L, real)
-    arr1 = ti.types.ndarray(dtype=real, ndim=1)
-    arr3 = ti.types.ndarray(dtype=real, ndim=3)
-    f64arr4 = ti.types.ndarray(dtype=ti.f64, ndim=4)
-    f64arr1 = ti.types.ndarray(dtype=ti.f64, ndim=1)
-    f64arr2 = ti.types.ndarray(dtype=ti.f64, ndim=2)
-    v1 = ti.types.ndarray(dtype=vec, ndim=1)
+    arr1, _, arr3, _ = kernel_math.ndarrays(real)
+    f64arr1, f64arr2, _, f64arr4 = kernel_math.ndarrays(ti.f64)
+    v1, _, v3, v4 = kernel_math.ndarrays(vec)
     i64arr1 = ti.types.ndarray(dtype=ti.i64, ndim=1)
-    v3 = ti.types.ndarray(dtype=vec, ndim=3)
-    v4 = ti.types.ndarray(dtype=vec, ndim=4)
     c, splat, vabs, _ = vector_helpers(real, L)
     column = lane_columns(real, L)
 

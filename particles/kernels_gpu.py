@@ -157,9 +157,7 @@ def _tiled_pair(rule, dtype: str, d: int, H: int, r: int, rv: int, features):
     RT = rows_per_thread(r, rv)
     BK = key_tile(r, rv, 4 if dtype == "float32" else 8)
     loads_k, loads_u = -(-BK * r // T), -(-BK * rv // T)  # shared-memory stores per thread
-    arr1 = ti.types.ndarray(dtype=real, ndim=1)
-    arr2 = ti.types.ndarray(dtype=real, ndim=2)
-    arr4 = ti.types.ndarray(dtype=real, ndim=4)
+    arr1, arr2, _, arr4 = kernel_math.ndarrays(real)
     int2 = ti.types.ndarray(dtype=ti.i32, ndim=2)
 
     @ti.func
