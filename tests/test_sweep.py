@@ -370,6 +370,25 @@ def test_plots_never_write_through_a_planted_link(reference_run, tmp_path):
     assert victim.read_text() == "keep me"
 
 
+def test_a_damaged_table_is_named_not_a_traceback(reference_run, tmp_path):
+    """A cell the sweep writes as a number that holds text (a damaged or hand-edited table):
+    `particles plot` names the file, the column and the value."""
+    import shutil
+    from particles.app.sweep.plots import plot_sweep
+    from particles.errors import ParticlesUserError
+    _, out, _ = reference_run
+    copy = tmp_path / "sweep"
+    shutil.copytree(out.parent, copy)
+    lines = (copy / "results.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    row = lines[3].split(",")
+    row[header.index("time")] = "1.0e"
+    lines[3] = ",".join(row)
+    (copy / "results.csv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ParticlesUserError, match=r"results.csv: column 'time' holds '1.0e' where the sweep writes a number"):
+        plot_sweep(copy)
+
+
 STOPPING = """\
 name = "stopping"
 batch = 1

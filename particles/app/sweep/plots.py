@@ -47,7 +47,28 @@ def _load(results_csv):
         header = fh.readline().strip().split(",")
     if "step" not in cols or cols["step"].size == 0:
         raise ParticlesUserError(f"{path} has no rows yet")
+    _require_numbers(path, cols, header)
     return path, cols, meta, header
+
+
+def _require_numbers(path: Path, cols: dict, header: list[str]) -> None:
+    """The columns a sweep writes as numbers (point, and from tokens.n on but the stop reason)
+    hold numbers: a damaged or hand-edited table is named, not a traceback."""
+    start = header.index("tokens.n") if "tokens.n" in header else len(header)
+    for name in ["point"] + header[start:]:
+        if name in cols and name != "stop_reason" and cols[name].dtype.kind not in "fi":
+            bad = next(v for v in cols[name] if not _is_number(v))
+            raise ParticlesUserError(f"{path}: column {name!r} holds {str(bad)!r} where the sweep "
+                                     "writes a number (a damaged or edited table: run the sweep "
+                                     "again into a new folder)")
+
+
+def _is_number(text) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _panel_columns(cols: dict, header: list[str], exclude=()) -> list[str]:
