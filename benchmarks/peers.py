@@ -255,6 +255,19 @@ def torch_sdpa_backend(x, Q, K, W, beta):
     return "math"
 
 
+def _torch_operands(device, *arrays):
+    """(whether the inputs were NumPy, the operands as float32 tensors on ``device``, default
+    CUDA when available, else CPU); tensors pass through on their own device."""
+    if not TORCH_AVAILABLE:
+        raise ImportError("torch is not installed: the PyTorch peer is unavailable "
+                          "(pip install torch)")
+    if not isinstance(arrays[0], np.ndarray):
+        return False, arrays
+    if device is None:
+        device = "cuda" if _torch.cuda.is_available() else "cpu"
+    return True, tuple(_torch.as_tensor(np.asarray(a, dtype=np.float32), device=device) for a in arrays)
+
+
 def torch_step(x, Q, K, O, W, beta, dt, device=None):
     """The same Euler step with torch.nn.functional.scaled_dot_product_attention(scale=beta).
 
@@ -266,16 +279,8 @@ def torch_step(x, Q, K, O, W, beta, dt, device=None):
     Memory: x W_in^T (n, H (2 r + rv)) and the attention output (n, H rv); the fused
     kernels (CPU flash, CUDA memory-efficient for float32) store no n x n matrix.
     """
-    if not TORCH_AVAILABLE:
-        raise ImportError("torch is not installed: the PyTorch peer is unavailable "
-                          "(pip install torch)")
     torch = _torch
-    as_numpy = isinstance(x, np.ndarray)
-    if as_numpy:
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        x, Q, K, O, W = (torch.as_tensor(np.asarray(a, dtype=np.float32), device=device)
-                         for a in (x, Q, K, O, W))
+    as_numpy, (x, Q, K, O, W) = _torch_operands(device, x, Q, K, O, W)
     n, d = x.shape
     H, rv, _ = W.shape
     with torch.no_grad():
@@ -422,16 +427,8 @@ def torch_step_with_observables(x, Q, K, O, W, beta, dt, device=None, layout=Non
     Memory: no n x n matrix with the flash kernel; x times the stacked factors (n, 3 H D),
     the attention output (H, n, D) and, where rv >= d, the per-head outputs (H, n, d).
     """
-    if not TORCH_AVAILABLE:
-        raise ImportError("torch is not installed: the PyTorch peer is unavailable "
-                          "(pip install torch)")
     torch = _torch
-    as_numpy = isinstance(x, np.ndarray)
-    if as_numpy:
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        x, Q, K, O, W = (torch.as_tensor(np.asarray(a, dtype=np.float32), device=device)
-                         for a in (x, Q, K, O, W))
+    as_numpy, (x, Q, K, O, W) = _torch_operands(device, x, Q, K, O, W)
     n, d = x.shape
     H = Q.shape[0]
     with torch.no_grad():
