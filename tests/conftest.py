@@ -97,6 +97,18 @@ def tmp_run_dir(tmp_path):
 _GOLDEN_MODES: list[str] = []
 
 
+def pytest_collection_modifyitems(config, items):
+    """The default run (README's command, CI) leaves out the exhaustive tier marked slow. Any
+    -m expression chooses for itself (`-m slow`, `-m "slow or not slow"`), and a test named by
+    its node id (file::name) runs whatever its tier, as a developer who names it expects."""
+    if config.option.markexpr or any("::" in str(arg) for arg in config.args):
+        return
+    slow = [item for item in items if "slow" in item.keywords]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if "slow" not in item.keywords]
+
+
 def pytest_sessionfinish(session):
     """Save this process's compiled kernels now, one process at a time. Left to Taichi's exit,
     two xdist workers ending together race for the cache's lock: one warned 'Lock ... failed'
