@@ -1,30 +1,22 @@
 """The torch peer with observables (benchmarks/peers.torch_step_with_observables) against the
 NumPy peer's step and observables, every key, in float32; skipped where torch is absent (it is
 never a dependency of the project: run with a Python that has torch)."""
-import importlib.util
 import math
-import os
 
 import numpy as np
 import pytest
 
+import benchmark_scripts
+from conftest import random_tokens
+
 torch = pytest.importorskip("torch")
 
 
-def _load_peers():
-    path = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "peers.py")
-    spec = importlib.util.spec_from_file_location("benchmark_peers_torch", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-peers = _load_peers()
+peers = benchmark_scripts.load("peers")
 
 
 def _tokens(n, d, seed):
-    x = np.random.default_rng(seed).standard_normal((n, d))
-    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    return random_tokens(n, d, seed).astype(np.float32)
 
 
 def _assert_same_observables(got, want):

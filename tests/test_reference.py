@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+import benchmark_scripts  # noqa: E402
 import reference as ref  # noqa: E402
 
 
@@ -296,12 +297,7 @@ def test_clusters_and_min_cosine():
 # ------------------------------------ the NumPy speed peer agrees with the reference
 
 def _load_peers():
-    import importlib.util
-    path = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "peers.py")
-    spec = importlib.util.spec_from_file_location("benchmark_peers", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_scripts.load("peers")
 
 
 def test_numpy_peer_matches_reference_in_float32():

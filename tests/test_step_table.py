@@ -1,24 +1,13 @@
 """benchmarks/step.py's tables from saved records: the torch-with-observables columns, and "-"
 where a run had no torch (no timing here: the records are made up)."""
-import importlib.util
-import os
-import sys
-
 import pytest
 
-BENCH = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks")
+import benchmark_scripts
 
 
 @pytest.fixture(scope="module")
 def step():
-    sys.path.insert(0, BENCH)          # step.py imports peers by name
-    try:
-        spec = importlib.util.spec_from_file_location("benchmark_step", os.path.join(BENCH, "step.py"))
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        yield mod
-    finally:
-        sys.path.remove(BENCH)
+    return benchmark_scripts.load("step")
 
 
 META = {"date": "2026-12-02 15:00:00", "cpu_model": "AMD EPYC", "cpus": 2, "vector_width_bits": 512,
