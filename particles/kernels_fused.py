@@ -48,9 +48,11 @@ from taichi.lang import impl
 from . import kernel_math, kernels, paths
 from .kernel_math import lane_columns, vector_helpers
 from .layout import n_tok_slots
+from .machine import cpu_identity
 from .paths import pair_work
 
 JB = 6         # columns per score tile of the pair pass (with TR = 3: 18 accumulators, as kernels_wide)
+VECTOR_BITS = cpu_identity()["vector_width_bits"]  # decides the register tiles (tile_shape)
 PARALLEL_MIN_WORK = 1.5e6  # the replicas' pair work per evaluation from which threads share it
 MAX_SHARED_STEPS = 256  # steps per launch shared by threads (their phase counters are zeroed per launch)
 SHARED_LAUNCH_WORK = 1.5e9  # pair work per shared launch: ~10 ms on 2 cores (launch cost ~0.2 ms)
@@ -78,12 +80,16 @@ def fused_workers(n: int, H: int, r: int, rv: int, R: int) -> int:
     return available_threads()
 
 
-def tile_shape(nbl: int, rv: int) -> tuple:
+def tile_shape(nbl: int, rv: int, vector_bits: int | None = 512) -> tuple:
     """(TR, AC): row vectors per register tile, 4, 3 or 2, whichever pads the nbl row vectors
     least (the larger on a tie; 1 for a single vector), and value components per accumulator
-    tile (8, or rv when smaller). Measured at n = 64 to 256: TR = 4 beats 3 by 5-10%."""
-    tr = 1 if nbl == 1 else min((4, 3, 2), key=lambda t: (-(-nbl // t) * t, -t))
-    return tr, min(8, rv)
+    tile (8, or rv when smaller). Measured at n = 64 to 256 with 512-bit vectors: TR = 4 beats
+    3 by 5-10%. With narrower vectors (a 16-lane vector is two of the CPU's 16 registers, not
+    one of 32) TR = 2: on an AVX2 Zen 3, 0.88-1.00 of TR = 4's time (benchmarks/README.md)."""
+    if nbl == 1:
+        return 1, min(8, rv)
+    rows = (4, 3, 2) if (vector_bits or 0) >= 512 else (2,)
+    return min(rows, key=lambda t: (-(-nbl // t) * t, -t)), min(8, rv)
 
 
 class FusedSteps:
@@ -96,7 +102,7 @@ class FusedSteps:
         L = 16 if dtype == "float32" else 8
         self.L, self.n = L, n
         nbl = -(-n // L)
-        TR, AC = tile_shape(nbl, rv)
+        TR, AC = tile_shape(nbl, rv, VECTOR_BITS)
         nblp = -(-nbl // TR) * TR  # row groups padded to whole register tiles (zero rows)
         npad = -(-n // JB) * JB    # columns padded to whole score tiles
         rvp = -(-rv // AC) * AC    # value components padded to whole accumulator tiles

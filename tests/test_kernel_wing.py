@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import particles
-from conftest import random_tokens
+import reference as ref
+from conftest import general_heads, random_tokens
 from particles import kernels, kernels_gpu, layout, paths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,3 +219,28 @@ def test_key_by_key_streams_a_row_to_numpys_sums(rule):
         pos = w[w > 0]
         want = (w.sum(), (pos * np.log(pos / pos.max())).sum(), pos.sum(), pos.max(), (w * w / 2).sum(), (w * u).sum())
         np.testing.assert_allclose((wsum, ent, wpos, top, pot, acc), want, rtol=1e-13)
+
+
+@pytest.mark.parametrize("vector_bits", [256, 512])
+def test_the_fused_register_tiles_of_either_vector_width_step_as_the_reference(monkeypatch, vector_bits):
+    """The fused pass's row tiles follow the CPU's vector width (kernels_fused.tile_shape: 2
+    row vectors below 512 bits, 4 at n = 100 with 512): each family is compiled and checked
+    here whatever this machine is, an RK4 step and the observables against float64 NumPy."""
+    from particles import kernels_fused
+    monkeypatch.setattr(kernels_fused, "VECTOR_BITS", vector_bits)
+    n, d = 60, 5
+    nbl = -(-n // 8)   # float64: 8 lanes
+    assert kernels_fused.tile_shape(nbl, d, vector_bits)[0] == (2 if vector_bits < 512 else 4)
+    x = random_tokens(n, d, 3)
+    heads = general_heads(2, d, 3)
+    sim = particles.Simulation(x, heads, beta=1.3, rule="softmax", dtype="float64", integrator="rk4",
+                               dt=0.02, path="fused")
+    sim.observe()
+    row = sim.take_rows()[0]
+    want = ref.observables(x, heads, 1.3, "softmax", "sphere")
+    assert abs(row["energy"] / want["energy"] - 1) < 1e-12
+    assert abs(row["entropy_mean_h1"] / want["entropy_mean_h1"] - 1) < 1e-12
+    sim.advance(2)
+    expect = ref.step_rk4(ref.step_rk4(x, heads, 1.3, "softmax", "sphere", 0.02), heads, 1.3, "softmax",
+                          "sphere", 0.02)
+    assert np.max(np.abs(sim.tokens - expect)) < 1e-12
