@@ -63,6 +63,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 import peers  # noqa: E402
+from particles import machine  # noqa: E402
 
 SIZES = [(1024, 3, 4), (1024, 64, 8), (4096, 64, 8), (16384, 16, 4), (16384, 64, 8)]
 # n = 16384 exceeds the engine's CPU pair guard (one evaluation over ~5 s): a benchmark accepts the wait
@@ -146,31 +147,10 @@ def interleaved(timed, min_time, samples=None):
 # -- the machine ----------------------------------------------------------------------------
 
 def cpu_model():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def vector_width_bits():
-    """The widest SIMD the CPU reports (x86 flags; 128 for NEON)."""
-    try:
-        flags = set()
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                flags.update(line.split(":", 1)[1].split())
-        if "avx512f" in flags:
-            return 512
-        if "avx2" in flags or "avx" in flags:
-            return 256
-        if flags:
-            return 128
-    except OSError:
-        pass
-    return None
+    """'AMD EPYC (AuthenticAMD family 25 model 1)': the name alone does not tell a Zen 3 from a Zen 4."""
+    cpu = machine.cpu_identity()
+    numbers = f"{cpu['vendor']} family {cpu['family']} model {cpu['model_number']}".strip()
+    return f"{cpu['model']} ({numbers})" if cpu["family"] else cpu["model"]
 
 
 def machine_rates(seconds=0.5):
@@ -547,7 +527,7 @@ def main(argv=None):
     if peers.torch_available() and not args.no_torch:
         torch = import_torch()
         torch_version, torch_threads = torch.__version__, torch.get_num_threads()
-    meta = {"cpu_model": cpu_model(), "vector_width_bits": vector_width_bits(),
+    meta = {"cpu_model": cpu_model(), "vector_width_bits": machine.cpu_identity()["vector_width_bits"],
             "cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
             "taichi": ".".join(map(str, ti.__version__)), "torch_version": torch_version,
             "torch_threads": torch_threads,
