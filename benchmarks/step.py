@@ -120,17 +120,16 @@ def interleaved(timed, min_time, samples=None):
     turn (calls per sample sized from a probe so a sample lasts ~min_time / samples), each
     after a SETTLE_S pause that lets the previous one's thread pools go idle. ``samples``
     None: 5, or 3 where a call takes over a second; a number given is always taken."""
-    per, slowest = {}, 0.0
+    probes = {}
     for name, (fn, sync) in timed.items():
         sync()
         t0 = time.perf_counter()
         fn()
         sync()
-        probe = time.perf_counter() - t0
-        slowest = max(slowest, probe)
-        per[name] = max(1, math.ceil(min_time / samples / max(probe, 1e-9)))
+        probes[name] = time.perf_counter() - t0
     if samples is None:
-        samples = 3 if slowest > 1.0 else 5
+        samples = 3 if max(probes.values()) > 1.0 else 5
+    per = {name: max(1, math.ceil(min_time / samples / max(probe, 1e-9))) for name, probe in probes.items()}
     times = {name: [] for name in timed}
     for _ in range(samples):
         for name, (fn, sync) in timed.items():

@@ -1,5 +1,5 @@
 """benchmarks/step.py's tables from saved records: the torch-with-observables columns, and "-"
-where a run had no torch (no timing here: the records are made up)."""
+where a run had no torch (no timing here: the records are made up), and the sampler's counts."""
 import pytest
 
 import benchmark_scripts
@@ -42,3 +42,16 @@ def test_console_table_prints_observed_ratio_and_four_spreads(step, capsys):
     assert "torch+obs" in out[1] and "e+o/t+o" in out[1]
     assert "22.0" in out[2] and " 0.50 " in out[2] and "1.20/1.30/1.40/1.50" in out[2]
     assert "1.20/1.30/-/-" in out[3]
+
+
+@pytest.mark.parametrize("samples, probe_s, taken", [(None, 0.0, 5), (None, 1.5, 3), (4, 1.5, 4)])
+def test_interleaved_takes_the_samples_asked_or_its_default(step, monkeypatch, samples, probe_s, taken):
+    # the sampler sizes its blocks from a probe call; without --samples it had divided by None
+    monkeypatch.setattr(step, "SETTLE_S", 0.0)
+    clock = iter(float(t) * probe_s for t in range(10_000))
+    monkeypatch.setattr(step.time, "perf_counter", lambda: next(clock))
+    calls = {"a": 0, "b": 0}
+    timed = {name: (lambda name=name: calls.__setitem__(name, calls[name] + 1), lambda: None) for name in calls}
+    result = step.interleaved(timed, min_time=0.0, samples=samples)
+    assert set(result) == {"a", "b"}
+    assert calls == {"a": 1 + taken, "b": 1 + taken}   # the probe, then one call per sample
