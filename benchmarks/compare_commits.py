@@ -82,8 +82,10 @@ def measure(repo: Path, config: str, samples: int) -> tuple[float, float, str]:
 
 
 def worktree(rev: str, into: Path) -> Path:
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(into), rev],
-                   check=True, capture_output=True)
+    proc = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(into), rev],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(f"compare_commits: cannot check out {rev!r}: {proc.stderr.strip()}")
     return into
 
 
@@ -101,9 +103,10 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     from step import cpu_model
     with tempfile.TemporaryDirectory() as tmp:
-        sides = {"B": worktree(args.before, Path(tmp) / "before"),
-                 "A": worktree(args.after, Path(tmp) / "after") if args.after else ROOT}
+        sides = {}
         try:
+            sides["B"] = worktree(args.before, Path(tmp) / "before")
+            sides["A"] = worktree(args.after, Path(tmp) / "after") if args.after else ROOT
             print(f"# {cpu_model()}, {os.cpu_count()} cores; before {args.before}, after "
                   f"{args.after or 'the working tree'}; load {os.getloadavg()[0]:.1f}", flush=True)
             got = {cfg: {"B": [], "A": []} for cfg in args.configs}
