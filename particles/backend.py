@@ -27,7 +27,7 @@ import time
 import numpy as np
 import taichi as ti
 
-from . import machine
+from . import affinity, machine
 from .vocabulary import ARCHES as ARCH_CHOICES
 SPIRV_ARCHES = ("vulkan", "metal", "opengl")
 SOFTWARE_DEVICES = ("llvmpipe", "lavapipe", "SwiftShader")  # Vulkan on the CPU
@@ -35,7 +35,7 @@ SOFTWARE_ICDS = ("libvulkan_lvp", "libvk_swiftshader")       # their drivers' li
 # where the Vulkan loader looks for driver manifests (after VK_DRIVER_FILES / VK_ICD_FILENAMES)
 ICD_DIRS = ("/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d", "/usr/share/vulkan/icd.d")
 
-_active: dict[str, str] = {}
+_active: dict[str, object] = {}
 
 
 from .errors import ArchError, ParticlesUserError  # noqa: E402  (the requested arch cannot run here: the one family)
@@ -172,6 +172,20 @@ def _probe_gpu(skip_software: bool) -> tuple[str | None, str, list[str]]:
     return None, "", tried
 
 
+def pinned_threads() -> dict[int, int]:
+    """{thread id: cpu} of Taichi's CPU pool threads pinned at init (empty: none pinned)."""
+    return dict(_active.get("pinned_threads") or {})
+
+
+def _init_cpu() -> None:
+    """ti.init on the CPU, its pool threads pinned one per core where that applies (affinity)."""
+    before = set(affinity.thread_ids())
+    ti.init(arch=ti.cpu, **_options("cpu"))
+    started = [tid for tid in affinity.thread_ids() if tid not in before]
+    pinned = affinity.pin_pool(started, int(ti.lang.impl.current_cfg().cpu_max_num_threads))
+    _active["pinned_threads"] = pinned
+
+
 def init(arch: str = "cpu") -> str:
     """Initialise Taichi once; returns the arch that actually runs ('cpu', 'cuda', 'vulkan', ...)."""
     if arch not in ARCH_CHOICES:
@@ -186,7 +200,7 @@ def init(arch: str = "cpu") -> str:
     with contextlib.redirect_stdout(io.StringIO()):  # "[Taichi] Starting on arch=...": we report it
         device = ""
         if arch == "cpu":
-            ti.init(arch=ti.cpu, **_options("cpu"))
+            _init_cpu()
             running = "cpu"
         else:
             running, device, tried = _probe_gpu(skip_software=arch == "auto")
@@ -197,7 +211,7 @@ def init(arch: str = "cpu") -> str:
                         f"arch 'gpu' was requested but no {probed} device is usable here "
                         f"({'; '.join(tried)}); use arch 'cpu' (or 'auto' to take a GPU only "
                         "when one works)")
-                ti.init(arch=ti.cpu, **_options("cpu"))
+                _init_cpu()
                 running = "cpu"
             elif arch == "gpu" and is_software_device(running, device):
                 print(software_device_note(device), file=sys.stderr)   # once: init runs once
