@@ -7,9 +7,11 @@ idles; the launch then runs at one thread's speed, so the same step took one of 
 CPU, as OpenMP's OMP_PROC_BIND does, the same loop read 373-408 us (benchmarks/README,
 "Pinned pool threads").
 
-Pinned only where it cannot cost: on Linux, when the pool has exactly one thread per CPU this
-process may run on (a sweep's one-thread workers, or a process given fewer CPUs than the
-pool, are left alone), and not with PARTICLES_PIN_THREADS=0. Taichi starts no interface to
+Pinned only where the pool is meant to use every CPU the process has: on Linux, when the
+pool has exactly one thread per CPU this process may run on (a sweep's one-thread workers, or
+a process given fewer CPUs than the pool, are left alone), and not with
+PARTICLES_PIN_THREADS=0 (or false, no, off): beside other busy processes a pinned thread
+cannot move to a core they leave free. Taichi starts no interface to
 its pool, so the pool is found as the last threads ``ti.init`` started (Taichi 1.7 creates
 its CPU thread pool last); ``tests/test_affinity.py`` checks that those are the threads that
 run a parallel kernel.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 
 ENV = "PARTICLES_PIN_THREADS"
+OFF = ("0", "false", "no", "off")
 
 
 def thread_ids() -> list[int]:
@@ -32,7 +35,7 @@ def thread_ids() -> list[int]:
 def pool_cpus(pool_size: int) -> list[int]:
     """The CPUs to pin a pool of ``pool_size`` threads to, one each, or [] where pinning
     does not apply (switched off, not Linux, a pool that is not one thread per allowed CPU)."""
-    if os.environ.get(ENV, "1").strip() == "0" or not hasattr(os, "sched_setaffinity"):
+    if os.environ.get(ENV, "1").strip().lower() in OFF or not hasattr(os, "sched_setaffinity"):
         return []
     cpus = sorted(os.sched_getaffinity(0))
     if pool_size < 2 or pool_size != len(cpus):

@@ -36,8 +36,9 @@ def test_nothing_is_pinned_where_it_does_not_apply(two_cpus, pool_size, started,
     assert two_cpus == []
 
 
-def test_the_environment_switches_it_off(two_cpus, monkeypatch):
-    monkeypatch.setenv(affinity.ENV, "0")
+@pytest.mark.parametrize("value", ["0", "false", "No", " off "])
+def test_the_environment_switches_it_off(two_cpus, monkeypatch, value):
+    monkeypatch.setenv(affinity.ENV, value)
     assert affinity.pin_pool([11, 12], 2) == {}
     assert two_cpus == []
 
