@@ -182,8 +182,11 @@ def _init_cpu() -> None:
     before = set(affinity.thread_ids())
     ti.init(arch=ti.cpu, **_options("cpu"))
     started = [tid for tid in affinity.thread_ids() if tid not in before]
-    pinned = affinity.pin_pool(started, int(ti.lang.impl.current_cfg().cpu_max_num_threads))
-    _active["pinned_threads"] = pinned
+    try:
+        pool_size = int(ti.lang.impl.current_cfg().cpu_max_num_threads)
+    except Exception:  # noqa: BLE001 - a Taichi without this internal: leave the threads to the OS
+        pool_size = 0
+    _active["pinned_threads"] = affinity.pin_pool(started, pool_size)
 
 
 def init(arch: str = "cpu") -> str:
