@@ -276,8 +276,11 @@ class BuildNotice:
     every ``BUILD_PROGRESS_S``, and the total at ``finish()``. A shorter build says nothing.
 
     Taichi's compiler holds the GIL, so the watching thread speaks when it gets it (between
-    kernels at the latest); ``stage`` speaks from the building thread. The watcher falls silent
-    by itself once the frame that created the notice is gone (a build that raised)."""
+    kernels at the latest); ``stage`` speaks from the building thread. A build that raises
+    calls ``abandon()`` (or leaves a ``with`` block), which silences the watcher without a total.
+    The watcher reads nothing of the building thread: walking that thread's frames from here
+    (``sys._current_frames``, ``f_back``) crashed CPython 3.11 once mid-build (a segfault in a
+    test run), so the building thread says when it is done."""
 
     def __init__(self, what: str, stages: int):
         self.what, self.stages = what, stages
@@ -286,10 +289,6 @@ class BuildNotice:
         self._start = self._last = time.perf_counter()
         self._lock = threading.Lock()
         self._finished = threading.Event()
-        self._owner = threading.get_ident()
-        # the build's frame: while it is on the stack, the build runs. Held (not its id) until the
-        # watch ends, so a frame made after the build raised cannot reuse its address and pass for it.
-        self._frame = sys._getframe(1)
         self._thread = threading.Thread(target=self._watch, name="particles-build-notice", daemon=True)
         self._thread.start()
 
@@ -300,28 +299,29 @@ class BuildNotice:
         self._speak(new_stage=True)
 
     def finish(self) -> None:
-        self._finished.set()
-        self._thread.join()
+        """The build is done: the watcher stops, and the total is said if the build was announced."""
+        self.abandon()
         if self.announced:
             print(f"compiled in {time.perf_counter() - self._start:.0f} s", file=sys.stderr, flush=True)
 
-    def _building(self) -> bool:
-        frame = sys._current_frames().get(self._owner)
-        while frame is not None:
-            if frame is self._frame:
-                return True
-            # a profiler or tracer may hand back a stand-in without f_back: treat as not building
-            frame = getattr(frame, "f_back", None)
-        return False
+    def abandon(self) -> None:
+        """The build raised: the watcher stops and says nothing more."""
+        self._finished.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def __enter__(self) -> "BuildNotice":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.abandon()
 
     def _watch(self) -> None:
-        try:
-            while not self._finished.wait(0.1):
-                if not self._building():
-                    return
-                self._speak(new_stage=False)
-        finally:
-            self._frame = None
+        while not self._finished.wait(0.1):
+            self._speak(new_stage=False)
 
     def _speak(self, new_stage: bool) -> None:
         with self._lock:

@@ -1,6 +1,7 @@
 """The Simulation: state on the device, heads, rule, integrator, and batched observables."""
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import numpy as np
@@ -101,6 +102,21 @@ class _Operations:
         self.axpy, self.accumulate, self.retract = kern.axpy, kern.accumulate, kern.retract
 
 
+def _silencing_the_build_notice_on_error(init):
+    """A construction that raises stops its build notice (backend.BuildNotice.abandon): the
+    notice is made midway through __init__ and finished by _warm_up, its last call."""
+    @functools.wraps(init)
+    def construct(self, *args, **kwargs):
+        try:
+            init(self, *args, **kwargs)
+        except BaseException:
+            notice = self.__dict__.get("_notice")
+            if notice is not None:
+                notice.abandon()
+            raise
+    return construct
+
+
 class Simulation:
     """n tokens (or R replicas of them) flowing under H attention heads.
 
@@ -136,6 +152,7 @@ class Simulation:
     'euler' the Lie-Euler step, with 'heun' its commutator-free order-2 form).
     """
 
+    @_silencing_the_build_notice_on_error
     def __init__(self, tokens, heads: Sequence, beta=1.0, rule: str | Rule = "exp",
                  geometry: str = "sphere", dt: float = 0.01, integrator: str | ExplicitRK = "rk4",
                  dtype: str = "float32", arch: str = "cpu", entropy_rate: bool = False,

@@ -88,14 +88,35 @@ def test_a_short_build_says_nothing(monkeypatch, capsys):
     assert "compil" not in capsys.readouterr().err
 
 
+def test_a_simulation_whose_build_raises_leaves_no_notice_speaking(monkeypatch, capsys):
+    """The notice made midway through Simulation.__init__ is silenced when the rest raises,
+    without reading the building thread's frames from the watcher."""
+    import threading
+    import time
+    from particles import Simulation
+    monkeypatch.setattr(backend, "BUILD_NOTICE_S", 0.0)
+    monkeypatch.setattr(backend, "BUILD_PROGRESS_S", 0.05)
+
+    def failing_warm_up(self):
+        time.sleep(0.3)   # the watcher speaks meanwhile
+        raise RuntimeError("the build failed")
+    monkeypatch.setattr(Simulation, "_warm_up", failing_warm_up)
+    with pytest.raises(RuntimeError, match="the build failed"):
+        _build("tiled")
+    assert "compiling" in capsys.readouterr().err
+    time.sleep(0.3)
+    assert capsys.readouterr().err == ""
+    assert not any(t.name == "particles-build-notice" for t in threading.enumerate())
+
+
 def test_the_notice_falls_silent_when_the_build_raises(monkeypatch, capsys):
     """A build that raised leaves no watcher speaking after the error."""
     import time
     monkeypatch.setattr(backend, "BUILD_NOTICE_S", 0.05)
 
     def failing_build():
-        backend.BuildNotice("n=1", 2)
-        raise RuntimeError("the build failed")
+        with backend.BuildNotice("n=1", 2):
+            raise RuntimeError("the build failed")
 
     with pytest.raises(RuntimeError):
         failing_build()
