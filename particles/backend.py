@@ -172,6 +172,15 @@ def _probe_gpu(skip_software: bool) -> tuple[str | None, str, list[str]]:
     return None, "", tried
 
 
+def cpu_pool_size() -> int:
+    """Threads in Taichi's CPU pool (``cpu_max_num_threads``, which a sweep lowers for its
+    workers); 1 before Taichi is initialised or where its config cannot be read."""
+    try:
+        return int(ti.lang.impl.current_cfg().cpu_max_num_threads)
+    except Exception:  # noqa: BLE001 - not initialised, or a Taichi without this internal
+        return 1
+
+
 def pinned_threads() -> dict[int, int]:
     """{thread id: cpu} of Taichi's CPU pool threads pinned at init (empty: none pinned)."""
     return dict(_active.get("pinned_threads") or {})
@@ -182,11 +191,7 @@ def _init_cpu() -> None:
     before = set(affinity.thread_ids())
     ti.init(arch=ti.cpu, **_options("cpu"))
     started = [tid for tid in affinity.thread_ids() if tid not in before]
-    try:
-        pool_size = int(ti.lang.impl.current_cfg().cpu_max_num_threads)
-    except Exception:  # noqa: BLE001 - a Taichi without this internal: leave the threads to the OS
-        pool_size = 0
-    _active["pinned_threads"] = affinity.pin_pool(started, pool_size)
+    _active["pinned_threads"] = affinity.pin_pool(started, cpu_pool_size())
 
 
 def init(arch: str = "cpu") -> str:

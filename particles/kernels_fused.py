@@ -43,9 +43,8 @@ import os
 import numpy as np
 
 import taichi as ti
-from taichi.lang import impl
 
-from . import kernel_math, kernels, paths
+from . import backend, kernel_math, kernels, paths
 from .kernel_math import lane_columns, vector_helpers
 from .layout import n_tok_slots
 from .machine import cpu_identity
@@ -63,11 +62,7 @@ def available_threads() -> int:
     """Threads worth starting: the CPUs this process may run on, at most Taichi's pool size
     (``cpu_max_num_threads``, which a sweep lowers for its workers)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        pool = int(impl.current_cfg().cpu_max_num_threads)
-    except Exception:  # Taichi not initialised: nothing to share a launch with yet
-        pool = 1
-    return max(1, min(cpus, pool))
+    return max(1, min(cpus, backend.cpu_pool_size()))
 
 
 def fused_workers(n: int, H: int, r: int, rv: int, R: int) -> int:
